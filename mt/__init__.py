@@ -1,0 +1,3 @@
+"""mt: a minimal, trainable Transformer translation toolkit."""
+
+__version__ = "0.1.0"

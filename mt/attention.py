@@ -1,0 +1,194 @@
+"""The attention core: scaled dot-product attention and multi-head attention.
+
+Notation used in every shape comment of this module:
+
+    B    batch size
+    H    number of heads
+    T_q  number of queries (target positions)
+    T_k  number of keys/values (source positions, or target positions so far)
+    D    model width (d_model);  D_h = D / H, the width of one head (d_k = d_v)
+
+Masks follow ``mt.masks``: boolean, broadcastable to (B, H, T_q, T_k),
+``True`` = may attend.
+
+About the temperature: scores are divided by sqrt(d_k) * temperature. A
+*larger* divisor shrinks the scores towards each other and so *flattens* the
+softmax; a smaller one sharpens it. (Some course notes say to raise the
+sqrt(d_k) denominator when the weights look too flat; that is backwards.)
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    temperature: float = 1.0,
+    *,
+    dropout: float = 0.0,
+) -> tuple[Tensor, Tensor]:
+    """softmax(q kᵀ / (sqrt(d_k) * temperature)) v, step by step.
+
+    q: (..., T_q, d_k), k: (..., T_k, d_k), v: (..., T_k, d_v);
+    mask: bool, broadcastable to (..., T_q, T_k), True = may attend.
+    Returns (output (..., T_q, d_v), weights (..., T_q, T_k)).
+    A query row with no allowed key gets all-zero weights and a zero output.
+    ``dropout`` (training only) drops weights before they multiply v; the
+    returned weights are the ones before dropout.
+    """
+    d_k = q.size(-1)
+    scores = q @ k.transpose(-2, -1) / (math.sqrt(d_k) * temperature)  # (..., T_q, T_k)
+    if mask is None:
+        weights = torch.softmax(scores, dim=-1)
+    else:
+        # A row with nothing to attend to would be softmax(all -inf) = NaN.
+        # Let such rows see every key (any finite value would do) and zero them after.
+        has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+        scores = scores.masked_fill(~(mask | ~has_key), float("-inf"))
+        # torch.softmax is the numerically stable form: it subtracts each
+        # row's maximum before exponentiating, so exp() never overflows.
+        weights = torch.softmax(scores, dim=-1) * has_key
+    dropped = F.dropout(weights, dropout) if dropout else weights
+    return dropped @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
+
+
+class KV(NamedTuple):
+    """Projected keys and values of one attention layer, (B, H, T_k, D_h) each."""
+
+    k: Tensor
+    v: Tensor
+
+
+class AttentionOutput(NamedTuple):
+    output: Tensor  # (B, T_q, D)
+    weights: Tensor | None  # (B, H, T_q, T_k) when asked for, else None
+    kv: KV  # the keys and values attended to, for caching
+
+
+class MultiHeadAttention(nn.Module):
+    """Multi-head attention for encoder self-, decoder self- and cross-attention.
+
+    ``forward(query, key_value, mask)`` projects the query and the key/value
+    inputs, splits them into heads, attends and merges the heads. Caching for
+    incremental decoding, without any mode switch:
+
+    * ``past=KV`` with a ``key_value`` input: the new keys/values are appended
+      to ``past`` (decoder self-attention, one step at a time);
+    * ``past=KV`` with ``key_value=None``: ``past`` is attended as it is
+      (cross-attention: the source's keys/values are projected once).
+
+    The returned ``kv`` is what the next step passes back as ``past``.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "auto"):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if impl not in ("auto", "explicit", "fused"):
+            raise ValueError(f"impl must be auto, explicit or fused, not {impl!r}")
+        self.n_heads = n_heads
+        self.d_head = d_model // n_heads
+        self.dropout = dropout
+        self.impl = impl
+        self.w_q = nn.Linear(d_model, d_model)
+        self.w_k = nn.Linear(d_model, d_model)
+        self.w_v = nn.Linear(d_model, d_model)
+        self.w_o = nn.Linear(d_model, d_model)
+        for linear in (self.w_q, self.w_k, self.w_v, self.w_o):
+            nn.init.xavier_uniform_(linear.weight)
+            nn.init.zeros_(linear.bias)
+
+    def split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape  # (B, T, D)
+        return x.view(b, t, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, T, D_h)
+
+    def merge_heads(self, x: Tensor) -> Tensor:
+        b, _, t, _ = x.shape  # (B, H, T, D_h)
+        return x.transpose(1, 2).reshape(b, t, self.n_heads * self.d_head)  # (B, T, D)
+
+    def use_fused(self, device: torch.device) -> bool:
+        """The fused kernel where it is faster: on CUDA. On CPU, at translation
+        lengths, the explicit path measured faster (see README, Benchmarks)."""
+        return self.impl == "fused" or (self.impl == "auto" and device.type == "cuda")
+
+    def forward(
+        self,
+        query: Tensor,
+        key_value: Tensor | None,
+        mask: Tensor | None = None,
+        *,
+        past: KV | None = None,
+        need_weights: bool = False,
+        temperature: float = 1.0,
+    ) -> AttentionOutput:
+        """query: (B, T_q, D); key_value: (B, T_new, D) or None; mask: bool,
+        broadcastable to (B, H, T_q, T_k) where T_k counts ``past`` keys too."""
+        q = self.split_heads(self.w_q(query))  # (B, H, T_q, D_h)
+        if key_value is None:
+            if past is None:
+                raise ValueError("key_value=None needs past keys/values to attend to")
+            k, v = past
+        else:
+            k = self.split_heads(self.w_k(key_value))  # (B, H, T_new, D_h)
+            v = self.split_heads(self.w_v(key_value))
+            if past is not None:
+                k = torch.cat([past.k, k], dim=2)  # (B, H, T_k, D_h)
+                v = torch.cat([past.v, v], dim=2)
+        dropout = self.dropout if self.training else 0.0
+
+        if need_weights or not self.use_fused(q.device):
+            out, weights = scaled_dot_product_attention(q, k, v, mask, temperature, dropout=dropout)
+        else:
+            weights = None
+            has_key = None
+            if mask is not None:  # same zero-row rule as the explicit path
+                has_key = mask.any(dim=-1, keepdim=True)
+                mask = mask | ~has_key
+            scale = 1.0 / (math.sqrt(self.d_head) * temperature)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+            if has_key is not None:
+                out = out * has_key
+        return AttentionOutput(self.w_o(self.merge_heads(out)), weights if need_weights else None, KV(k, v))
+
+
+def attention_stats(scores: Tensor, weights: Tensor, mask: Tensor | None = None) -> dict[str, Tensor]:
+    """Per-head debugging statistics of one attention layer.
+
+    scores: (B, H, T_q, T_k) raw scaled scores; weights: (B, H, T_q, T_k);
+    mask as for attention. Returns a dict of (H,) tensors: score min/max/mean
+    over allowed keys, mean row entropy (nats) and mean row maximum of the
+    weights over rows that attend somewhere, and counts of NaN rows and
+    all-zero rows.
+    """
+    if mask is None:
+        mask = torch.ones_like(scores, dtype=torch.bool)
+    mask = mask.expand_as(scores)
+    heads = scores.size(1)
+    per_head = lambda x: x.transpose(0, 1).reshape(heads, -1)  # noqa: E731  (B, H, ...) -> (H, N)
+    allowed = per_head(mask)
+    s = per_head(scores.float())
+    inf = torch.tensor(float("inf"))
+    nan_rows = per_head(torch.isnan(weights).any(dim=-1))  # (H, B*T_q)
+    zero_rows = per_head((weights == 0).all(dim=-1))
+    live = ~(nan_rows | zero_rows)
+    w = weights.float().nan_to_num(0.0)
+    entropy = -(w * torch.log(w.clamp_min(1e-30))).sum(-1)  # (B, H, T_q)
+    n_live = live.sum(-1).clamp_min(1)
+    return {
+        "score_min": torch.where(allowed, s, inf).amin(-1),
+        "score_max": torch.where(allowed, s, -inf).amax(-1),
+        "score_mean": (s * allowed).sum(-1) / allowed.sum(-1).clamp_min(1),
+        "entropy": (per_head(entropy) * live).sum(-1) / n_live,
+        "weight_max": (per_head(w.amax(-1)) * live).sum(-1) / n_live,
+        "nan_rows": nan_rows.sum(-1),
+        "zero_rows": zero_rows.sum(-1),
+    }

@@ -1,0 +1,264 @@
+"""Typed configuration: one dataclass per section, one home for each default.
+
+A YAML file in ``configs/`` maps one-to-one onto :class:`Config`; every
+field is validated on construction, and a bad value raises
+:class:`ConfigError` naming the field (and the file, when there is one).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mt.errors import MTError
+
+
+class ConfigError(MTError, ValueError):
+    """A configuration value is missing, unknown or invalid."""
+
+
+def _check(cond: bool, name: str, msg: str) -> None:
+    if not cond:
+        raise ConfigError(f"{name}: {msg}")
+
+
+@dataclass
+class ModelConfig:
+    """The Transformer's shape. Vocabulary sizes and the pad id come from the
+    tokenizer (``mt prepare``), never from the YAML file."""
+
+    d_model: int = 256  #: model width
+    n_heads: int = 4  #: attention heads; must divide d_model
+    enc_layers: int = 3  #: encoder layers
+    dec_layers: int = 3  #: decoder layers
+    d_ff: int = 1024  #: feed-forward inner width
+    dropout: float = 0.1  #: dropout on embeddings, sublayer outputs and FFN
+    attn_dropout: float = 0.0  #: dropout on attention weights
+    activation: str = "relu"  #: relu | gelu
+    norm_first: bool = True  #: pre-LN (True) or post-LN (False)
+    positional: str = "sinusoidal"  #: sinusoidal | learned
+    max_positions: int = 256  #: longest sequence the model accepts, in subword tokens
+    share_embeddings: bool = True  #: one embedding for source, target and output (joint vocab only)
+    tie_output: bool = True  #: target embedding doubles as output projection
+    attention_impl: str = "auto"  #: auto (fused on CUDA, explicit on CPU) | explicit | fused
+    src_vocab_size: int = 0  #: from the tokenizer
+    tgt_vocab_size: int = 0  #: from the tokenizer
+    pad_id: int = 0  #: from the tokenizer
+
+    def __post_init__(self) -> None:
+        for name in ("d_model", "n_heads", "enc_layers", "dec_layers", "d_ff", "max_positions"):
+            _check(getattr(self, name) > 0, f"model.{name}", f"must be positive, got {getattr(self, name)}")
+        _check(
+            self.d_model % self.n_heads == 0,
+            "model.d_model",
+            f"{self.d_model} is not divisible by model.n_heads={self.n_heads}",
+        )
+        for name in ("dropout", "attn_dropout"):
+            _check(0.0 <= getattr(self, name) < 1.0, f"model.{name}", "must be in [0, 1)")
+        _check(self.activation in ("relu", "gelu"), "model.activation", f"unknown activation {self.activation!r}")
+        _check(
+            self.positional in ("sinusoidal", "learned"),
+            "model.positional",
+            f"must be sinusoidal or learned, got {self.positional!r}",
+        )
+        _check(
+            self.attention_impl in ("auto", "explicit", "fused"),
+            "model.attention_impl",
+            f"must be auto, explicit or fused, got {self.attention_impl!r}",
+        )
+        _check(self.src_vocab_size >= 0 and self.tgt_vocab_size >= 0, "model.vocab_size", "must be >= 0")
+        if self.share_embeddings and self.src_vocab_size and self.tgt_vocab_size:
+            _check(
+                self.src_vocab_size == self.tgt_vocab_size,
+                "model.share_embeddings",
+                "needs a joint vocabulary (source and target vocab sizes differ)",
+            )
+
+
+MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{split}.{lang}.gz"
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel corpus comes from and how it is tokenized and batched."""
+
+    corpus: str = "multi30k"  #: name; also names the prepared directory
+    source: str = "auto"  #: auto | local | download | hf
+    local_dir: str | None = None  #: directory of <split>.<lang>[.gz] files (or env MT_DATA_DIR)
+    url: str = MULTI30K_URL  #: download template with {split} and {lang}
+    download_splits: list[str] = field(default_factory=lambda: ["train", "val", "test_2016_flickr"])
+    hf_name: str | None = None  #: a Hugging Face dataset with a translation column
+    hf_config: str | None = None  #: its configuration name, e.g. de-en
+    src_lang: str = "en"
+    tgt_lang: str = "de"
+    train_split: str = "train"
+    valid_split: str = "val"
+    prepared_dir: str | None = None  #: default data/prepared/<corpus>.<src>-<tgt>
+    vocab_size: int = 8000  #: sentencepiece vocabulary size (each, when not joint)
+    joint_vocab: bool = True  #: one sentencepiece model for both languages
+    spm_model_type: str = "bpe"  #: bpe | unigram
+    max_len: int = 100  #: training pairs longer than this (subword tokens) are dropped
+    max_ratio: float = 3.0  #: training pairs with a longer/shorter length ratio above this are dropped
+    max_tokens: int = 4096  #: tokens per batch, padding included (max of source and target side)
+
+    def __post_init__(self) -> None:
+        _check(self.source in ("auto", "local", "download", "hf"), "data.source", f"unknown source {self.source!r}")
+        _check(self.spm_model_type in ("bpe", "unigram"), "data.spm_model_type", "must be bpe or unigram")
+        _check(self.src_lang != self.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
+        for name in ("vocab_size", "max_len", "max_tokens"):
+            _check(getattr(self, name) > 0, f"data.{name}", "must be positive")
+        _check(self.max_ratio >= 1.0, "data.max_ratio", "must be >= 1")
+        _check(self.max_tokens >= self.max_len + 2, "data.max_tokens", "must hold at least one sentence of max_len")
+
+    @property
+    def pair(self) -> str:
+        return f"{self.src_lang}-{self.tgt_lang}"
+
+    def prepared_path(self) -> Path:
+        return Path(self.prepared_dir or f"data/prepared/{self.corpus}.{self.pair}")
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation and the training schedule."""
+
+    seed: int = 1
+    max_steps: int = -1  #: optimizer updates; -1 = no limit
+    max_epochs: int = 100
+    max_minutes: float | None = None  #: wall-clock limit for training
+    lr: float = 1e-3  #: peak learning rate, reached after warmup
+    warmup_steps: int = 4000
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_grad_norm: float = 1.0  #: 0 = off
+    accumulate_grad_batches: int = 1
+    precision: str = "32-true"  #: Lightning precision: 32-true | bf16-mixed | 16-mixed
+    val_every_steps: int = 0  #: validate every N updates; 0 = at each epoch end
+    val_bleu: bool = True  #: greedy-decode the validation split and report BLEU
+    early_stopping_patience: int = 0  #: validations without better BLEU before stopping; 0 = off
+    keep_checkpoints: int = 5  #: the last N validation checkpoints are kept (for averaging)
+    average_last: int = 0  #: average the last N checkpoints into the final model; 0 = best only
+    log_every_steps: int = 50
+    run_dir: str = "runs/default"
+
+    def __post_init__(self) -> None:
+        _check(self.lr > 0, "train.lr", "must be positive")
+        _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+        _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
+        _check(self.accumulate_grad_batches >= 1, "train.accumulate_grad_batches", "must be >= 1")
+        _check(
+            self.precision in ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true"),
+            "train.precision",
+            f"unknown precision {self.precision!r}",
+        )
+        _check(len(self.betas) == 2, "train.betas", "needs two values")
+        _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
+        _check(self.average_last <= self.keep_checkpoints, "train.average_last", "cannot exceed keep_checkpoints")
+
+
+@dataclass
+class TrainerConfig:
+    """Passed to ``lightning.Trainer`` as is."""
+
+    accelerator: str = "auto"  #: auto | cpu | gpu
+    devices: Any = 1  #: number of devices, or "auto"
+    strategy: str = "auto"  #: auto | ddp | ...
+    num_nodes: int = 1
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict, where: str = "config") -> Config:
+        return _build(cls, raw, where)
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_type_ok(x, item) for x in value)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _build(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: {prefix or 'top level'} must be a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        keys = ", ".join(prefix + k for k in unknown)
+        raise ConfigError(f"{where}: unknown key {keys} (known: {', '.join(sorted(names))})")
+    kwargs = {}
+    for name, value in raw.items():
+        hint = hints[name]
+        if dataclasses.is_dataclass(hint):
+            kwargs[name] = _build(hint, value or {}, where, f"{prefix}{name}.")
+        elif not _type_ok(value, hint):
+            shown = getattr(hint, "__name__", str(hint))
+            raise ConfigError(f"{where}: {prefix}{name} must be {shown}, got {value!r}")
+        else:
+            kwargs[name] = float(value) if hint is float else value
+    try:
+        return cls(**kwargs)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    """Apply ``section.key=value`` overrides (value parsed as YAML) to a raw dict."""
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {item!r}: expected section.key=value")
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part} is not a section")
+        node[leaf] = yaml.safe_load(text)
+    return raw
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read a YAML config, apply overrides, validate. Errors name the file."""
+    raw: dict = {}
+    where = "overrides"
+    if path is not None:
+        path = Path(path)
+        where = str(path)
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {path}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    raw = apply_overrides(raw, list(overrides))
+    return Config.from_dict(raw, where)

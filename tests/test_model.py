@@ -1,0 +1,136 @@
+import dataclasses
+
+import pytest
+import torch
+
+from mt.config import ConfigError, ModelConfig, load_config
+from mt.model import DecoderCache, Transformer
+
+PAD, BOS = 0, 1
+
+
+def tiny_config(**kw) -> ModelConfig:
+    base = dict(
+        d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64, dropout=0.0,
+        src_vocab_size=50, tgt_vocab_size=50, pad_id=PAD, max_positions=64,
+    )  # fmt: skip
+    base.update(kw)
+    return ModelConfig(**base)
+
+
+VARIANTS = {
+    "pre-ln": {},
+    "post-ln-gelu-learned": {"norm_first": False, "activation": "gelu", "positional": "learned"},
+    "separate-embeddings": {"share_embeddings": False, "tie_output": False, "src_vocab_size": 40},
+}
+
+
+@pytest.fixture(params=list(VARIANTS))
+def model(request):
+    torch.manual_seed(0)
+    return Transformer(tiny_config(**VARIANTS[request.param])).eval()
+
+
+def tokens(b, t, low=3, high=40, gen=None):
+    return torch.randint(low, high, (b, t), generator=gen)
+
+
+def test_forward_shapes_and_param_count(model):
+    src, tgt = tokens(3, 7), tokens(3, 5)
+    logits = model(src, tgt)
+    assert logits.shape == (3, 5, 50)
+    n = model.num_parameters()
+    assert n == sum(p.numel() for p in set(model.parameters()))
+    assert n > 0
+
+
+def test_causality(model):
+    src, tgt = tokens(2, 6), tokens(2, 8)
+    out = model(src, tgt)
+    for t in range(7):
+        changed = tgt.clone()
+        changed[:, t + 1 :] = tokens(2, 7 - t, gen=torch.Generator().manual_seed(t))
+        assert not torch.equal(changed, tgt)
+        torch.testing.assert_close(model(src, changed)[:, : t + 1], out[:, : t + 1])
+
+
+def test_source_padding_invariance(model):
+    src, tgt = tokens(2, 6), tokens(2, 5)
+    out = model(src, tgt)
+    padded = torch.cat([src, torch.full((2, 4), PAD)], dim=1)
+    torch.testing.assert_close(model(padded, tgt), out, rtol=1e-5, atol=1e-5)
+    enc = model.encode(padded)
+    torch.testing.assert_close(enc.memory[:, :6], model.encode(src).memory, rtol=1e-5, atol=1e-5)
+
+
+def test_cached_step_by_step_equals_full_prefix(model):
+    src, tgt = tokens(3, 6), tokens(3, 7)
+    enc = model.encode(src)
+    full = model.decode(tgt, enc).logits
+    cache = DecoderCache()
+    steps = []
+    for t in range(7):
+        out = model.decode(tgt[:, t : t + 1], enc, cache)
+        cache = out.cache
+        steps.append(out.logits)
+    assert cache.length == 7
+    torch.testing.assert_close(torch.cat(steps, 1), full, rtol=1e-5, atol=1e-5)
+    # a chunk of several positions after a cached prefix
+    out = model.decode(tgt[:, :3], enc, DecoderCache())
+    out = model.decode(tgt[:, 3:], enc, out.cache)
+    torch.testing.assert_close(out.logits, full[:, 3:], rtol=1e-5, atol=1e-5)
+
+
+def test_cache_reorder_follows_batch_index(model):
+    src, tgt = tokens(3, 6), tokens(3, 4)
+    enc = model.encode(src)
+    cache = model.decode(tgt, enc, DecoderCache()).cache
+    index = torch.tensor([2, 0, 0])
+    reordered = cache.reorder(index)
+    nxt = tokens(3, 1)
+    a = model.decode(nxt, enc.index_select(index), reordered).logits
+    b = model.decode(torch.cat([tgt[index], nxt], 1), enc.index_select(index)).logits[:, -1:]
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_weights_are_returned_per_layer(model):
+    src, tgt = tokens(2, 6), tokens(2, 5)
+    enc = model.encode(src, need_weights=True)
+    dec = model.decode(tgt, enc, need_weights=True)
+    assert [w.shape for w in enc.weights] == [(2, 4, 6, 6)] * 2
+    assert [w.shape for w in dec.self_weights] == [(2, 4, 5, 5)] * 2
+    assert [w.shape for w in dec.cross_weights] == [(2, 4, 5, 6)] * 2
+
+
+def test_too_long_sequence_is_a_clear_error(model):
+    with pytest.raises(ValueError, match="max_positions"):
+        model.encode(tokens(1, 65))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "match"),
+    [
+        ("d_model", 30, "model.d_model"),
+        ("n_heads", 0, "model.n_heads"),
+        ("activation", "tanh", "model.activation"),
+        ("dropout", 1.5, "model.dropout"),
+        ("positional", "rope", "model.positional"),
+    ],
+)
+def test_config_validation_names_the_field(field, value, match):
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(tiny_config(), **{field: value})
+
+
+def test_yaml_config_errors_name_file_and_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  d_modle: 128\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml.*unknown key model\.d_modle"):
+        load_config(path)
+    path.write_text("model:\n  d_model: big\n")
+    with pytest.raises(ConfigError, match=r"model\.d_model must be int"):
+        load_config(path)
+    path.write_text("model:\n  d_model: 96\n  n_heads: 4\n")
+    assert load_config(path, ["model.n_heads=8"]).model.n_heads == 8
+    with pytest.raises(ConfigError, match="not divisible"):
+        load_config(path, ["model.n_heads=5"])
