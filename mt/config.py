@@ -89,12 +89,14 @@ class DataConfig:
     """Where the parallel corpus comes from and how it is tokenized and batched."""
 
     corpus: str = "multi30k"  #: name; also names the prepared directory
-    source: str = "auto"  #: auto | local | download | hf
+    source: str = "auto"  #: auto | local | download | hf | toy
     local_dir: str | None = None  #: directory of <split>.<lang>[.gz] files (or env MT_DATA_DIR)
     url: str = MULTI30K_URL  #: download template with {split} and {lang}
     download_splits: list[str] = field(default_factory=lambda: ["train", "val", "test_2016_flickr"])
+    checksums: str | None = None  #: sha256 file ("<sha256>  <file name>" lines); default: shipped with mt
     hf_name: str | None = None  #: a Hugging Face dataset with a translation column
     hf_config: str | None = None  #: its configuration name, e.g. de-en
+    toy_sizes: dict[str, int] = field(default_factory=lambda: {"train": 4000, "val": 200, "test": 200})  #: source toy
     src_lang: str = "en"
     tgt_lang: str = "de"
     train_split: str = "train"
@@ -108,7 +110,9 @@ class DataConfig:
     max_tokens: int = 4096  #: tokens per batch, padding included (max of source and target side)
 
     def __post_init__(self) -> None:
-        _check(self.source in ("auto", "local", "download", "hf"), "data.source", f"unknown source {self.source!r}")
+        _check(
+            self.source in ("auto", "local", "download", "hf", "toy"), "data.source", f"unknown source {self.source!r}"
+        )
         _check(self.spm_model_type in ("bpe", "unigram"), "data.spm_model_type", "must be bpe or unigram")
         _check(self.src_lang != self.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
         for name in ("vocab_size", "max_len", "max_tokens"):
@@ -196,6 +200,9 @@ def _type_ok(value: Any, hint: Any) -> bool:
         return any(_type_ok(value, h) for h in typing.get_args(hint))
     if hint is type(None):
         return value is None
+    if origin is dict:
+        key, item = typing.get_args(hint)
+        return isinstance(value, dict) and all(_type_ok(k, key) and _type_ok(x, item) for k, x in value.items())
     if origin is list:
         (item,) = typing.get_args(hint)
         return isinstance(value, list) and all(_type_ok(x, item) for x in value)

@@ -1,0 +1,343 @@
+"""From raw parallel text to batches: ``prepare`` (sentencepiece + encoding
+with Hugging Face ``datasets``), a token-count batch sampler, and the
+LightningDataModule that serves both to training.
+
+Prepared layout (``data.prepared_dir``)::
+
+    spm.model | spm.src.model + spm.tgt.model   the tokenizer
+    <split>/                                    datasets.save_to_disk: src_ids, tgt_ids, src_text, tgt_text
+    prepare.json                                fingerprint of inputs and config, and the summary
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning as L
+import torch
+from torch import Tensor
+from torch.utils.data import DataLoader, Sampler
+
+from mt.config import DataConfig
+from mt.corpus import load_corpus
+from mt.errors import DataError
+from mt.tokenizer import JOINT, SRC, TGT, Tokenizer, train_sentencepiece
+
+PREPARE_FORMAT = 1
+FINGERPRINT_FIELDS = (
+    "src_lang", "tgt_lang", "train_split", "vocab_size", "joint_vocab", "spm_model_type", "max_len", "max_ratio",
+)  # fmt: skip
+
+
+def _fingerprint(cfg: DataConfig, corpus_fp: str) -> str:
+    fields = {name: getattr(cfg, name) for name in FINGERPRINT_FIELDS}
+    blob = json.dumps({"format": PREPARE_FORMAT, "corpus": corpus_fp, "config": fields}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _train_tokenizer(cfg: DataConfig, src: list[str], tgt: list[str], out: Path) -> Tokenizer:
+    src = [s for s in src if s.strip()]
+    tgt = [t for t in tgt if t.strip()]
+    if cfg.joint_vocab:
+        train_sentencepiece(src + tgt, out / JOINT.removesuffix(".model"), cfg.vocab_size, cfg.spm_model_type)
+    else:
+        train_sentencepiece(src, out / SRC.removesuffix(".model"), cfg.vocab_size, cfg.spm_model_type)
+        train_sentencepiece(tgt, out / TGT.removesuffix(".model"), cfg.vocab_size, cfg.spm_model_type)
+    return Tokenizer.load(out)
+
+
+def _drop_reason(n_src: int, n_tgt: int, cfg: DataConfig) -> str | None:
+    if n_src == 0 or n_tgt == 0:
+        return "empty"
+    if max(n_src, n_tgt) > cfg.max_len:
+        return "too long"
+    if max(n_src, n_tgt) / min(n_src, n_tgt) > cfg.max_ratio:
+        return "length ratio"
+    return None
+
+
+def prepare(cfg: DataConfig, verbose: bool = True) -> dict:
+    """Tokenize the corpus into ``cfg.prepared_path()``; reuse it when nothing changed.
+
+    Returns the summary (also stored in prepare.json). Writes into a
+    ``.partial`` directory and swaps it in at the end, so an interrupted run
+    never leaves a prepared directory that looks complete.
+    """
+    import datasets
+
+    datasets.disable_progress_bars()
+    out = cfg.prepared_path()
+    splits, corpus_fp = load_corpus(cfg, Path("data/raw") / cfg.corpus)
+    fingerprint = _fingerprint(cfg, corpus_fp)
+    meta_path = out / "prepare.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        if meta.get("fingerprint") == fingerprint and all((out / s).is_dir() for s in meta["summary"]["splits"]):
+            if verbose:
+                print(f"{out}: up to date (same inputs and config, fingerprint {fingerprint[:12]}); reusing it")
+                print(format_summary(meta["summary"]))
+            return meta["summary"]
+
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    train_src, train_tgt = splits[cfg.train_split]
+    tok = _train_tokenizer(cfg, train_src, train_tgt, tmp)
+
+    def encode(batch: dict) -> dict:
+        return {"src_ids": tok.encode_src(batch["src_text"]), "tgt_ids": tok.encode_tgt(batch["tgt_text"])}
+
+    summary = {"pair": cfg.pair, "vocab": {"src": len(tok.src), "tgt": len(tok.tgt), "joint": tok.joint}, "splits": {}}
+    for name, (src, tgt) in splits.items():
+        ds = datasets.Dataset.from_dict({"src_text": src, "tgt_text": tgt})
+        ds = ds.map(encode, batched=True, batch_size=1000)
+        dropped = {}
+        if name == cfg.train_split:  # validation and test keep every line, aligned with references
+            keep = []
+            columns = ds.select_columns(["src_ids", "tgt_ids"]).to_dict()
+            for i, (s, t) in enumerate(zip(columns["src_ids"], columns["tgt_ids"])):
+                reason = _drop_reason(len(s), len(t), cfg)
+                if reason is None:
+                    keep.append(i)
+                else:
+                    dropped[reason] = dropped.get(reason, 0) + 1
+            if len(keep) < len(ds):
+                ds = ds.select(keep)
+        ds.save_to_disk(str(tmp / name))
+        summary["splits"][name] = _split_stats(ds, tok.unk_id, dropped)
+
+    meta_path = tmp / "prepare.json"
+    meta_path.write_text(json.dumps({"fingerprint": fingerprint, "summary": summary}, indent=2))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    if verbose:
+        print(f"prepared {cfg.pair} into {out}")
+        print(format_summary(summary))
+    return summary
+
+
+def _split_stats(ds, unk_id: int, dropped: dict[str, int]) -> dict:
+    stats = {"kept": len(ds), "dropped": sum(dropped.values()), "dropped_by_reason": dropped}
+    for side in ("src", "tgt"):
+        ids = ds.select_columns([f"{side}_ids"]).to_dict()[f"{side}_ids"]
+        n_tokens = sum(len(x) for x in ids)
+        stats[f"{side}_tokens_per_sentence"] = round(n_tokens / max(len(ids), 1), 2)
+        stats[f"{side}_unk_share"] = sum(x.count(unk_id) for x in ids) / max(n_tokens, 1)
+    return stats
+
+
+def format_summary(summary: dict) -> str:
+    src, tgt = summary["pair"].split("-")
+    vocab = summary["vocab"]
+    lines = [
+        f"vocabulary: {vocab['src']} (joint)" if vocab["joint"] else f"vocabulary: {vocab['src']} / {vocab['tgt']}",
+        f"{'split':<20}{'kept':>8}{'dropped':>9}{'tok/sent ' + src:>14}{'tok/sent ' + tgt:>14}"
+        f"{'unk ' + src:>10}{'unk ' + tgt:>10}",
+    ]
+    for name, s in summary["splits"].items():
+        reasons = ", ".join(f"{k}: {v}" for k, v in s["dropped_by_reason"].items())
+        lines.append(
+            f"{name:<20}{s['kept']:>8}{s['dropped']:>9}{s['src_tokens_per_sentence']:>14}"
+            f"{s['tgt_tokens_per_sentence']:>14}{s['src_unk_share']:>10.2%}{s['tgt_unk_share']:>10.2%}"
+            + (f"   ({reasons})" if reasons else "")
+        )
+    return "\n".join(lines)
+
+
+@dataclass
+class Batch:
+    """One training or evaluation batch. Padded with the tokenizer's pad id."""
+
+    src: Tensor  # (B, T_s)
+    tgt_in: Tensor  # (B, T_t): bos y_1 ... y_n
+    tgt_out: Tensor  # (B, T_t): y_1 ... y_n eos
+    index: Tensor  # (B,) row of each pair in its split
+    pad_id: int
+
+    @property
+    def src_mask(self) -> Tensor:  # (B, T_s), True = real token
+        return self.src != self.pad_id
+
+    @property
+    def tgt_mask(self) -> Tensor:  # (B, T_t), True = real token
+        return self.tgt_out != self.pad_id
+
+
+def pad(seqs: list[list[int]], pad_id: int) -> Tensor:
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
+
+
+class Collate:
+    def __init__(self, src: list[list[int]], tgt: list[list[int]], tok: Tokenizer):
+        self.src, self.tgt, self.tok = src, tgt, tok
+
+    def __call__(self, indices: list[int]) -> Batch:
+        t = self.tok
+        return Batch(
+            src=pad([self.src[i] for i in indices], t.pad_id),
+            tgt_in=pad([[t.bos_id, *self.tgt[i]] for i in indices], t.pad_id),
+            tgt_out=pad([[*self.tgt[i], t.eos_id] for i in indices], t.pad_id),
+            index=torch.tensor(indices),
+            pad_id=t.pad_id,
+        )
+
+
+class TokenBatchSampler(Sampler[list[int]]):
+    """Batches of at most ``max_tokens`` tokens, padding included.
+
+    The cost of a batch is ``n_pairs * longest side``, where a pair's length is
+    the larger of its source and target lengths (bos/eos included). Pairs are
+    sorted by that length, then by the shorter side, so each batch pads little; with ``shuffle`` the ties
+    are broken at random and the batch order is shuffled, both from
+    ``seed + epoch`` (call ``set_epoch``), so an epoch's batches are
+    reproducible. With ``world_size > 1`` each rank takes every
+    ``world_size``-th batch of a list cut to a multiple of ``world_size``:
+    distinct shares, equal in number.
+    """
+
+    def __init__(
+        self,
+        src_lens: list[int],
+        tgt_lens: list[int],
+        max_tokens: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ):
+        self.src_lens = torch.tensor(src_lens)
+        self.tgt_lens = torch.tensor(tgt_lens) + 1  # bos or eos
+        self.max_tokens = max_tokens
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self.rank, self.world_size = rank, world_size
+        longest = int(torch.maximum(self.src_lens, self.tgt_lens).max()) if len(src_lens) else 0
+        if longest > max_tokens:
+            raise DataError(f"a pair of {longest} tokens does not fit in max_tokens={max_tokens}")
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _ranks(self) -> tuple[int, int]:
+        if self.world_size is not None:
+            return self.rank or 0, self.world_size
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
+
+    def all_batches(self) -> list[list[int]]:
+        """Every batch of this epoch, before sharding across ranks."""
+        gen = torch.Generator().manual_seed(self.seed + self.epoch)
+        n = len(self.src_lens)
+        order = torch.randperm(n, generator=gen) if self.shuffle else torch.arange(n)
+        # Sort by the longer side, ties by the shorter one (stable sorts: the
+        # secondary key first). On Multi30k this pads less than sorting by
+        # source then target once batches hold more than a few hundred pairs.
+        longer = torch.maximum(self.src_lens, self.tgt_lens)
+        order = order[torch.sort(torch.minimum(self.src_lens, self.tgt_lens)[order], stable=True).indices]
+        order = order[torch.sort(longer[order], stable=True).indices]
+        lengths = longer[order].tolist()
+        batches, current, longest = [], [], 0
+        for i, length in zip(order.tolist(), lengths):
+            if current and (len(current) + 1) * max(longest, length) > self.max_tokens:
+                batches.append(current)
+                current, longest = [], 0
+            current.append(i)
+            longest = max(longest, length)
+        if current:
+            batches.append(current)
+        if self.shuffle:
+            batches = [batches[i] for i in torch.randperm(len(batches), generator=gen).tolist()]
+        return batches
+
+    def __iter__(self):
+        rank, world = self._ranks()
+        batches = self.all_batches()
+        if world > 1:
+            batches = batches[: len(batches) - len(batches) % world][rank::world]
+        yield from batches
+
+    def __len__(self) -> int:
+        _, world = self._ranks()
+        return len(self.all_batches()) // world
+
+
+def padding_waste(batches: list[list[int]], src_lens: list[int], tgt_lens: list[int]) -> float:
+    """Share of padding in the padded source and target tensors of ``batches``."""
+    real = padded = 0
+    for b in batches:
+        s = [src_lens[i] for i in b]
+        t = [tgt_lens[i] + 1 for i in b]
+        real += sum(s) + sum(t)
+        padded += len(b) * (max(s) + max(t))
+    return 1.0 - real / padded
+
+
+class Split:
+    """One prepared split in memory: token ids and the raw text."""
+
+    def __init__(self, path: Path):
+        import datasets
+
+        if not path.is_dir():
+            raise DataError(f"{path}: prepared split missing (run `mt prepare --config ...` first)")
+        columns = datasets.load_from_disk(str(path)).to_dict()
+        self.src: list[list[int]] = columns["src_ids"]
+        self.tgt: list[list[int]] = columns["tgt_ids"]
+        self.src_text: list[str] = columns["src_text"]
+        self.tgt_text: list[str] = columns["tgt_text"]
+
+    def __len__(self) -> int:
+        return len(self.src)
+
+
+def load_tokenizer(cfg: DataConfig) -> Tokenizer:
+    path = cfg.prepared_path()
+    if not (path / "prepare.json").exists():
+        raise DataError(f"{path}: no prepared data for {cfg.pair} (run `mt prepare --config ...` first)")
+    return Tokenizer.load(path)
+
+
+class TranslationDataModule(L.LightningDataModule):
+    """Serves prepared splits: token-bucketed, shuffled training batches and
+    length-sorted validation batches (``Batch.index`` restores the order)."""
+
+    def __init__(self, cfg: DataConfig, seed: int = 0):
+        super().__init__()
+        self.cfg, self.seed = cfg, seed
+        self.tokenizer = load_tokenizer(cfg)
+        self.splits: dict[str, Split] = {}
+        self.train_sampler: TokenBatchSampler | None = None
+
+    def split(self, name: str) -> Split:
+        if name not in self.splits:
+            self.splits[name] = Split(self.cfg.prepared_path() / name)
+        return self.splits[name]
+
+    def setup(self, stage: str | None = None) -> None:
+        self.split(self.cfg.train_split)
+        self.split(self.cfg.valid_split)
+
+    def loader(self, name: str, shuffle: bool, max_tokens: int | None = None) -> DataLoader:
+        s = self.split(name)
+        sampler = TokenBatchSampler(
+            [len(x) for x in s.src], [len(x) for x in s.tgt], max_tokens or self.cfg.max_tokens, shuffle, self.seed
+        )
+        return DataLoader(range(len(s)), batch_sampler=sampler, collate_fn=Collate(s.src, s.tgt, self.tokenizer))
+
+    def train_dataloader(self) -> DataLoader:
+        loader = self.loader(self.cfg.train_split, shuffle=True)
+        self.train_sampler = loader.batch_sampler
+        return loader
+
+    def val_dataloader(self) -> DataLoader:
+        return self.loader(self.cfg.valid_split, shuffle=False)

@@ -1,0 +1,216 @@
+import functools
+import gzip
+import hashlib
+import http.server
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import write_corpus
+
+from mt.cli import main
+from mt.config import DataConfig
+from mt.data import Split, TokenBatchSampler, TranslationDataModule, padding_waste, prepare
+from mt.errors import DataError
+from mt.tokenizer import Tokenizer
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_prepare_and_batches(tmp_path, data_cfg, corpus_splits, gz):
+    if gz:
+        write_corpus(tmp_path / "rawgz", corpus_splits, gz=True)
+        data_cfg.local_dir = str(tmp_path / "rawgz")
+    summary = prepare(data_cfg, verbose=False)
+    assert set(summary["splits"]) == {"train", "val", "test_2016_flickr"}
+    assert summary["splits"]["val"]["kept"] == 40
+    tok = Tokenizer.load(data_cfg.prepared_path())
+    assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3)
+    assert tok.joint
+
+    dm = TranslationDataModule(data_cfg, seed=5)
+    dm.setup()
+    train = dm.split("train")
+    assert train.src_text == corpus_splits["train"][0]
+    assert tok.decode_tgt(train.tgt[:3]) == corpus_splits["train"][1][:3]
+    seen = []
+    for batch in dm.train_dataloader():
+        b, t_s = batch.src.shape
+        assert batch.tgt_in.shape == batch.tgt_out.shape and batch.tgt_in.size(0) == b
+        assert b * max(t_s, batch.tgt_in.size(1)) <= data_cfg.max_tokens
+        assert torch.all(batch.tgt_in[:, 0] == tok.bos_id)
+        for row, i in enumerate(batch.index.tolist()):
+            # teacher forcing: tgt_in = bos y, tgt_out = y eos, then padding
+            y = train.tgt[i]
+            assert batch.tgt_in[row][batch.tgt_mask[row]].tolist() == [tok.bos_id, *y]
+            assert batch.tgt_out[row][batch.tgt_mask[row]].tolist() == [*y, tok.eos_id]
+            assert batch.src[row][batch.src_mask[row]].tolist() == train.src[i]
+            assert not batch.src_mask[row, len(train.src[i]) :].any()
+        seen.extend(batch.index.tolist())
+    assert sorted(seen) == list(range(len(train)))  # no pair lost or repeated
+
+
+def lengths(n=500, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(1, 40, (n,), generator=g).tolist(), torch.randint(1, 40, (n,), generator=g).tolist()
+
+
+def test_sampler_is_deterministic_per_seed_and_epoch():
+    src, tgt = lengths()
+    a, b = TokenBatchSampler(src, tgt, 400, seed=1), TokenBatchSampler(src, tgt, 400, seed=1)
+    assert list(a) == list(b)
+    first = list(a)
+    a.set_epoch(1)
+    assert list(a) != first and sorted(sum(list(a), [])) == sorted(sum(first, []))
+    assert list(TokenBatchSampler(src, tgt, 400, seed=2)) != first
+    ordered = TokenBatchSampler(src, tgt, 400, shuffle=False)
+    assert list(ordered) == list(TokenBatchSampler(src, tgt, 400, shuffle=False, seed=9))
+    # correlated lengths, as in real parallel text: little padding
+    tgt_like = [max(1, n + d) for n, d in zip(src, torch.randint(-2, 3, (len(src),)).tolist())]
+    assert padding_waste(TokenBatchSampler(src, tgt_like, 400).all_batches(), src, tgt_like) < 0.1
+
+
+def test_two_rank_sharding():
+    src, tgt = lengths(777)
+    full = TokenBatchSampler(src, tgt, 300, seed=4).all_batches()
+    shards = [list(TokenBatchSampler(src, tgt, 300, seed=4, rank=r, world_size=2)) for r in (0, 1)]
+    assert len(shards[0]) == len(shards[1]) == len(full) // 2
+    assert len(TokenBatchSampler(src, tgt, 300, seed=4, rank=1, world_size=2)) == len(shards[1])
+    flat = [i for shard in shards for b in shard for i in b]
+    assert len(flat) == len(set(flat))  # distinct shares
+    assert set(map(tuple, shards[0] + shards[1])) <= set(map(tuple, full))
+
+
+def test_misaligned_split_names_both_files_and_counts(data_cfg, tmp_path):
+    (tmp_path / "raw" / "val.de").write_text("one line\n")
+    with pytest.raises(DataError, match=r"val\.en has 40 lines.*val\.de has 1"):
+        prepare(data_cfg, verbose=False)
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_invalid_utf8_names_file_and_line(data_cfg, tmp_path, gz):
+    data = b"fine\nalso fine\nbad \xff byte\n" + b"x\n" * 37
+    if gz:
+        (tmp_path / "raw" / "val.de").unlink()
+        (tmp_path / "raw" / "val.de.gz").write_bytes(gzip.compress(data))
+    else:
+        (tmp_path / "raw" / "val.de").write_bytes(data)
+    with pytest.raises(DataError, match=r"val\.de(\.gz)?:3: invalid UTF-8"):
+        prepare(data_cfg, verbose=False)
+
+
+def test_filters_apply_to_training_only(data_cfg, tmp_path, corpus_splits):
+    src, tgt = (list(x) for x in corpus_splits["train"])
+    src[0], tgt[1] = "", ""  # empty pairs
+    src[2] = " ".join(["cat"] * 70)  # over-long
+    src[3], tgt[3] = "cat", " ".join(["taco dog"] * 6)  # extreme ratio
+    vsrc, vtgt = (list(x) for x in corpus_splits["val"])
+    vsrc[0] = ""
+    write_corpus(tmp_path / "raw", {"train": (src, tgt), "val": (vsrc, vtgt)})
+    summary = prepare(data_cfg, verbose=False)
+    train = summary["splits"]["train"]
+    assert train["dropped_by_reason"] == {"empty": 2, "too long": 1, "length ratio": 1}
+    assert train["kept"] == len(src) - 4
+    assert summary["splits"]["val"]["kept"] == len(vsrc)  # references stay aligned
+    assert Split(data_cfg.prepared_path() / "val").src_text[0] == ""
+
+
+def test_second_prepare_reuses_and_says_so(data_cfg, capsys):
+    prepare(data_cfg)
+    model = data_cfg.prepared_path() / "spm.model"
+    stamp = model.stat().st_mtime_ns
+    capsys.readouterr()
+    prepare(data_cfg)
+    assert "up to date" in capsys.readouterr().out
+    assert model.stat().st_mtime_ns == stamp
+    data_cfg.vocab_size = 50  # a config change invalidates it
+    prepare(data_cfg)
+    assert "prepared" in capsys.readouterr().out
+    assert not Path(str(data_cfg.prepared_path()) + ".partial").exists()
+
+
+def test_separate_vocabularies_and_reverse_pair(data_cfg):
+    data_cfg.joint_vocab = False
+    data_cfg.src_lang, data_cfg.tgt_lang = "de", "en"
+    data_cfg.spm_model_type = "unigram"
+    prepare(data_cfg, verbose=False)
+    tok = Tokenizer.load(data_cfg.prepared_path())
+    assert not tok.joint
+    dm = TranslationDataModule(data_cfg)
+    assert dm.split("train").src_text[0].endswith("o")  # German-side toy words
+
+
+@pytest.fixture
+def http_dir(tmp_path):
+    root = tmp_path / "www"
+    root.mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_download_verifies_checksums(tmp_path, monkeypatch, http_dir, corpus_splits):
+    monkeypatch.chdir(tmp_path)
+    root, base = http_dir
+    write_corpus(root, corpus_splits, gz=True)
+    sums = tmp_path / "sums.sha256"
+    sums.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in root.iterdir()))
+    cfg = DataConfig(
+        corpus="synth", source="download", url=base + "/{split}.{lang}.gz", checksums=str(sums),
+        download_splits=["train", "val"], vocab_size=60, max_tokens=512, max_len=60,
+    )  # fmt: skip
+    summary = prepare(cfg, verbose=False)
+    assert set(summary["splits"]) == {"train", "val"}
+    assert (tmp_path / "data/raw/synth/train.en.gz").read_bytes() == (root / "train.en.gz").read_bytes()
+
+    # a file that changed upstream: rejected, nothing left that looks complete
+    (root / "val.de.gz").write_bytes(gzip.compress(b"tampered\n" * 40))
+    (tmp_path / "data/raw/synth/val.de.gz").unlink()
+    with pytest.raises(DataError, match="checksum mismatch"):
+        prepare(cfg, verbose=False)
+    assert sorted(p.name for p in (tmp_path / "data/raw/synth").iterdir()) == sorted(
+        ["train.en.gz", "train.de.gz", "val.en.gz"]
+    )
+
+    cfg.url = base + "/missing/{split}.{lang}.gz"
+    with pytest.raises(DataError, match="--data-dir"):
+        prepare(cfg, verbose=False)
+
+
+def test_hf_dataset_saved_to_disk(tmp_path, monkeypatch, corpus_splits):
+    import datasets
+
+    monkeypatch.chdir(tmp_path)
+    dd = datasets.DatasetDict(
+        {
+            name: datasets.Dataset.from_dict({"translation": [{"en": s, "de": t} for s, t in zip(*sides)]})
+            for name, sides in corpus_splits.items()
+        }
+    )
+    dd.save_to_disk(str(tmp_path / "hf"))
+    cfg = DataConfig(corpus="synth-hf", hf_name=str(tmp_path / "hf"), vocab_size=60, max_tokens=512, max_len=60)
+    summary = prepare(cfg, verbose=False)
+    assert summary["splits"]["val"]["kept"] == 40
+    assert Split(cfg.prepared_path() / "train").tgt_text == corpus_splits["train"][1]
+
+
+def test_cli_prepare_reports_errors_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text("data:\n  corpus: x\n")
+    assert main(["prepare", "--config", "c.yaml", "--data-dir", str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err
+    assert "nowhere: corpus directory does not exist" in err and "Traceback" not in err
+    assert main(["prepare", "--config", "c.yaml", "data.vocab_sise=5"]) == 1
+    assert "unknown key data.vocab_sise" in capsys.readouterr().err
+
+
+def test_counts_in_summary_match_batches(data_cfg):
+    prepare(data_cfg, verbose=False)
+    dm = TranslationDataModule(data_cfg)
+    val = [i for b in dm.val_dataloader() for i in b.index.tolist()]
+    assert Counter(val) == Counter(range(40))
