@@ -32,7 +32,20 @@ def _run_prepare(args) -> None:
     prepare(cfg.data)
 
 
-COMMANDS = {"prepare": (_add_prepare, _run_prepare)}
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a model (Lightning) into a run directory")
+    p.add_argument("--config", required=True, help="YAML config (configs/*.yaml)")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=100")
+
+
+def _run_train(args) -> None:
+    from mt.config import load_config
+    from mt.train import train
+
+    train(load_config(args.config, args.overrides))
+
+
+COMMANDS = {"prepare": (_add_prepare, _run_prepare), "train": (_add_train, _run_train)}
 
 
 def build_parser() -> argparse.ArgumentParser:

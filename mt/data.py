@@ -219,6 +219,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.shuffle = shuffle
         self.seed = seed
         self.epoch = 0
+        self.skip = 0  # batches of the current epoch already trained on (set when resuming mid-epoch)
         self.rank, self.world_size = rank, world_size
         longest = int(torch.maximum(self.src_lens, self.tgt_lens).max()) if len(src_lens) else 0
         if longest > max_tokens:
@@ -264,7 +265,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         batches = self.all_batches()
         if world > 1:
             batches = batches[: len(batches) - len(batches) % world][rank::world]
-        yield from batches
+        skip, self.skip = self.skip, 0
+        yield from batches[skip:]
 
     def __len__(self) -> int:
         _, world = self._ranks()
@@ -317,6 +319,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.tokenizer = load_tokenizer(cfg)
         self.splits: dict[str, Split] = {}
         self.train_sampler: TokenBatchSampler | None = None
+        self._resume_skip = 0
 
     def split(self, name: str) -> Split:
         if name not in self.splits:
@@ -327,17 +330,44 @@ class TranslationDataModule(L.LightningDataModule):
         self.split(self.cfg.train_split)
         self.split(self.cfg.valid_split)
 
-    def loader(self, name: str, shuffle: bool, max_tokens: int | None = None) -> DataLoader:
+    def loader(self, name: str, shuffle: bool) -> DataLoader:
+        """Training (``shuffle``): this rank's share of the batches. Evaluation:
+        every batch on every rank, so metrics cover the whole split."""
         s = self.split(name)
         sampler = TokenBatchSampler(
-            [len(x) for x in s.src], [len(x) for x in s.tgt], max_tokens or self.cfg.max_tokens, shuffle, self.seed
+            [len(x) for x in s.src],
+            [len(x) for x in s.tgt],
+            self.cfg.max_tokens,
+            shuffle,
+            self.seed,
+            rank=None if shuffle else 0,
+            world_size=None if shuffle else 1,
         )
-        return DataLoader(range(len(s)), batch_sampler=sampler, collate_fn=Collate(s.src, s.tgt, self.tokenizer))
+        # A private generator: creating the loader's iterator must not draw
+        # from the global RNG, or a resumed run's dropout would drift.
+        return DataLoader(
+            range(len(s)),
+            batch_sampler=sampler,
+            collate_fn=Collate(s.src, s.tgt, self.tokenizer),
+            generator=torch.Generator(),
+        )
 
     def train_dataloader(self) -> DataLoader:
         loader = self.loader(self.cfg.train_split, shuffle=True)
         self.train_sampler = loader.batch_sampler
+        if 0 < self._resume_skip < len(self.train_sampler):
+            self.train_sampler.skip = self._resume_skip
+        self._resume_skip = 0
         return loader
+
+    # Lightning stores these in checkpoints: a run resumed mid-epoch skips
+    # the batches of that epoch it has already trained on.
+    def state_dict(self) -> dict:
+        progress = self.trainer.fit_loop.epoch_loop.batch_progress.current if self.trainer else None
+        return {"batches_done_in_epoch": progress.completed if progress else 0}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._resume_skip = int(state.get("batches_done_in_epoch", 0))
 
     def val_dataloader(self) -> DataLoader:
         return self.loader(self.cfg.valid_split, shuffle=False)

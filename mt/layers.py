@@ -45,13 +45,35 @@ class PositionalEncoding(nn.Module):
         return x + self.table[start:end].to(x.dtype)  # (B, T, D) + (T, D)
 
 
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """Inverted dropout. Same as ``F.dropout``, but the mask comes from
+    ``torch.rand``: on CPU that is about twice as fast as the Bernoulli
+    sampler F.dropout uses, which was a third of a small model's step time."""
+    if not training or p == 0.0:
+        return x
+    keep = torch.rand(x.shape, device=x.device) >= p
+    return x * keep.to(x.dtype) * (1.0 / (1.0 - p))
+
+
+class Dropout(nn.Module):
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model)
         self.activation = F.gelu if cfg.activation == "gelu" else F.relu
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         for linear in (self.w_1, self.w_2):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
@@ -66,7 +88,7 @@ class Sublayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.norm = nn.LayerNorm(cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 
     def pre(self, x: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mt.config import ModelConfig
-from mt.layers import DecoderLayer, EncoderLayer, LayerCache, PositionalEncoding
+from mt.layers import DecoderLayer, Dropout, EncoderLayer, LayerCache, PositionalEncoding
 from mt.masks import causal_mask, padding_mask
 
 
@@ -78,7 +78,7 @@ class Transformer(nn.Module):
             nn.init.zeros_(emb.weight[cfg.pad_id])
         self.src_pos = PositionalEncoding(cfg)
         self.tgt_pos = self.src_pos if cfg.positional == "sinusoidal" else PositionalEncoding(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.enc_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.dec_layers))
         # Pre-LN leaves the residual stream un-normalised: one final norm per stack.
@@ -118,6 +118,13 @@ class Transformer(nn.Module):
         cache (start with ``DecoderCache()``), ``tgt`` holds only the new
         positions; the returned cache covers all positions so far.
         """
+        out = self._decoder_stack(tgt, enc, cache, need_weights, temperature)
+        return out._replace(logits=self.project(out.logits))
+
+    def _decoder_stack(
+        self, tgt: Tensor, enc: EncoderOutput, cache: DecoderCache | None, need_weights: bool, temperature: float
+    ) -> DecoderOutput:
+        """decode() up to the final layer norm: DecoderOutput with states (B, T_t, D) in place of logits."""
         start = cache.length if cache is not None else 0
         t_new = tgt.size(1)
         x = self.dropout(self.tgt_pos(self.tgt_embed(tgt) * self.embed_scale, start))  # (B, T_t, D)
@@ -134,10 +141,23 @@ class Transformer(nn.Module):
             if need_weights:
                 self_w.append(out.self_weights)
                 cross_w.append(out.cross_weights)
-        x = self.dec_norm(x)
-        logits = F.linear(x, self.tgt_embed.weight) if self.output is None else self.output(x)  # (B, T_t, V)
-        return DecoderOutput(logits, DecoderCache(new_caches) if cache is not None else None, self_w, cross_w)
+        new_cache = DecoderCache(new_caches) if cache is not None else None
+        return DecoderOutput(self.dec_norm(x), new_cache, self_w, cross_w)
+
+    @property
+    def output_weight(self) -> Tensor:
+        """The output projection (V, D): the target embedding when tied."""
+        return self.tgt_embed.weight if self.output is None else self.output.weight
+
+    def project(self, states: Tensor) -> Tensor:
+        """Decoder states (B, T_t, D) -> logits (B, T_t, V)."""
+        return F.linear(states, self.output_weight)
+
+    def hidden(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher forcing up to the output projection: (B, T_t, D). Training
+        fuses the projection with the loss (``mt.loss``)."""
+        return self._decoder_stack(tgt_in, self.encode(src), None, False, 1.0).logits
 
     def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing: src (B, T_s), tgt_in (B, T_t) = bos + target -> logits (B, T_t, V)."""
-        return self.decode(tgt_in, self.encode(src)).logits
+        return self.project(self.hidden(src, tgt_in))

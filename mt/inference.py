@@ -1,0 +1,148 @@
+"""The inference model of a run directory: save it, load it, translate with it.
+
+A run directory holds ``model.safetensors`` (weights; loading never unpickles
+code), ``model.json`` (the model config and the tokenizer's special ids) and
+the sentencepiece model(s). ``translate``, ``evaluate`` and ``attention``
+need nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model, save_model
+
+from mt.config import ConfigError, ModelConfig
+from mt.errors import ModelDirError
+from mt.model import Transformer
+from mt.search import SearchSettings, beam_search, greedy_search
+from mt.tokenizer import Tokenizer
+
+WEIGHTS, MODEL_JSON = "model.safetensors", "model.json"
+
+
+def export_model(model: Transformer, tokenizer_dir: Path, run_dir: Path, extra: dict | None = None) -> None:
+    """Write the inference model into ``run_dir`` (each file via a temporary name)."""
+    run_dir = Path(run_dir)
+    tmp = run_dir / (WEIGHTS + ".tmp")
+    save_model(model, str(tmp))
+    os.replace(tmp, run_dir / WEIGHTS)
+    for f in Tokenizer.files(tokenizer_dir):
+        if f.parent.resolve() != run_dir.resolve():
+            shutil.copyfile(f, run_dir / f.name)
+    meta = {"model": dataclasses.asdict(model.cfg), **(extra or {})}
+    tmp = run_dir / (MODEL_JSON + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, run_dir / MODEL_JSON)
+
+
+def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer, dict]:
+    """(model in eval mode, tokenizer, metadata) from a run directory, checked for consistency."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise ModelDirError(f"{run_dir}: model directory does not exist")
+    for name in (MODEL_JSON, WEIGHTS):
+        if not (run_dir / name).exists():
+            raise ModelDirError(f"{run_dir}: incomplete model directory, {name} missing (has training finished?)")
+    try:
+        meta = json.loads((run_dir / MODEL_JSON).read_text())
+        cfg = ModelConfig(**meta["model"])
+    except (json.JSONDecodeError, KeyError, TypeError, ConfigError) as e:
+        raise ModelDirError(f"{run_dir / MODEL_JSON}: unreadable model config ({e})") from None
+    tok = Tokenizer.load(run_dir)
+    if (len(tok.src), len(tok.tgt)) != (cfg.src_vocab_size, cfg.tgt_vocab_size) or tok.pad_id != cfg.pad_id:
+        raise ModelDirError(
+            f"{run_dir}: tokenizer does not match the model (vocab {len(tok.src)}/{len(tok.tgt)}, pad {tok.pad_id}; "
+            f"model expects {cfg.src_vocab_size}/{cfg.tgt_vocab_size}, pad {cfg.pad_id})"
+        )
+    model = Transformer(cfg)
+    try:
+        load_model(model, str(run_dir / WEIGHTS), device="cpu")
+    except Exception as e:  # safetensors raises several types for truncated or mismatched files
+        raise ModelDirError(f"{run_dir / WEIGHTS}: cannot load weights ({e})") from None
+    return model.to(device).eval(), tok, meta
+
+
+class Translator:
+    """Translates lines in batches, keeping their order. Long inputs are
+    truncated to the model's maximum positions, with a warning."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tok: Tokenizer,
+        beam: int = 5,
+        alpha: float = 1.0,
+        batch_size: int = 64,
+        max_len_a: float = 1.5,
+        max_len_b: int = 10,
+        warn=None,
+    ):
+        self.model, self.tok = model, tok
+        self.beam, self.alpha, self.batch_size = beam, alpha, batch_size
+        self.settings = SearchSettings(tok.bos_id, tok.eos_id, tok.pad_id, max_len_a, max_len_b)
+        self.device = next(model.parameters()).device
+        self.warn = warn or (lambda msg: None)
+
+    def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
+        ids = self.tok.encode_src(lines)
+        limit = self.model.cfg.max_positions
+        for n, x in enumerate(ids):
+            if len(x) > limit:
+                self.warn(f"line {first_line + n}: {len(x)} subword tokens, truncated to {limit}")
+                ids[n] = x[:limit]
+        return ids
+
+    def translate_ids(self, ids: list[list[int]], n_best: int = 1) -> list[list[tuple[list[int], float]]]:
+        """Token ids in, per input its n-best (ids, score) out, in input order."""
+        results: list = [None] * len(ids)
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            nonempty = [i for i in chunk if ids[i]]
+            for i in chunk:
+                if not ids[i]:
+                    results[i] = [([], 0.0)] * n_best
+            if not nonempty:
+                continue
+            width = max(len(ids[i]) for i in nonempty)
+            src = torch.full((len(nonempty), width), self.tok.pad_id, dtype=torch.long)
+            for row, i in enumerate(nonempty):
+                src[row, : len(ids[i])] = torch.tensor(ids[i])
+            src = src.to(self.device)
+            if self.beam == 1 and n_best == 1:
+                for i, hyp in zip(nonempty, greedy_search(self.model, src, self.settings)):
+                    results[i] = [(hyp, float("nan"))]
+            else:
+                hyps = beam_search(self.model, src, self.settings, self.beam, self.alpha, n_best)
+                for i, nbest in zip(nonempty, hyps):
+                    results[i] = [(h.tokens, h.score) for h in nbest]
+        return results
+
+    def translate(self, lines: list[str], first_line: int = 1) -> list[str]:
+        hyps = self.translate_ids(self.encode(lines, first_line))
+        return self.tok.decode_tgt([h[0][0] for h in hyps])
+
+    def stream(self, lines: Iterable[str], chunk: int = 1000, n_best: int = 1) -> Iterator[list[tuple[str, float]]]:
+        """Per input line, in order, its n-best (translation, score); reads
+        ``chunk`` lines at a time so memory stays flat on any input size."""
+        buffer: list[str] = []
+        first = 1
+        for line in lines:
+            buffer.append(line)
+            if len(buffer) == chunk:
+                yield from self._run(buffer, first, n_best)
+                first += len(buffer)
+                buffer = []
+        if buffer:
+            yield from self._run(buffer, first, n_best)
+
+    def _run(self, lines: list[str], first: int, n_best: int) -> Iterator[list[tuple[str, float]]]:
+        for nbest in self.translate_ids(self.encode(lines, first), n_best):
+            yield [(self.tok.tgt.decode(ids), score) for ids, score in nbest]

@@ -1,0 +1,99 @@
+"""The LightningModule: a thin wrapper that owns loss, optimiser, schedule
+and logging around the plain ``mt.model.Transformer``."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import lightning as L
+import torch
+
+from mt.config import Config
+from mt.data import Batch
+from mt.loss import linear_cross_entropy
+from mt.metrics import bleu
+from mt.model import Transformer
+from mt.search import SearchSettings, greedy_search
+from mt.tokenizer import Tokenizer
+
+
+def inverse_sqrt(warmup: int):
+    """Linear warmup to the peak learning rate, then decay with 1/sqrt(step)."""
+
+    def factor(step: int) -> float:
+        step += 1
+        if warmup == 0:
+            return 1.0 / math.sqrt(step)
+        return min(step / warmup, math.sqrt(warmup / step))
+
+    return factor
+
+
+class TranslationModule(L.LightningModule):
+    def __init__(self, cfg: Config, tokenizer: Tokenizer, val_refs: list[str] | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.model = Transformer(cfg.model)
+        self.tok = tokenizer
+        self.val_refs = val_refs
+        self.search = SearchSettings(tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
+        self._clock: float | None = None
+        self._pending_rng: torch.Tensor | None = None
+        self._val_nll = self._val_tokens = 0.0
+        self._val_hyps: dict[int, list[int]] = {}
+
+    def loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Summed token cross-entropy over non-pad targets, and the token count."""
+        states = self.model.hidden(batch.src, batch.tgt_in)  # (B, T_t, D)
+        loss = linear_cross_entropy(states, self.model.output_weight, batch.tgt_out, self.tok.pad_id, label_smoothing)
+        return loss, batch.tgt_mask.sum()
+
+    def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
+        if self._pending_rng is not None:  # resumed: continue the dropout stream where it stopped
+            torch.set_rng_state(self._pending_rng)
+            self._pending_rng = None
+
+    def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
+        loss_sum, n_tokens = self.loss(batch, self.cfg.train.label_smoothing)
+        loss = loss_sum / n_tokens
+        now = time.perf_counter()
+        if self._clock is not None:
+            self.log("tok_per_s", n_tokens.float() / (now - self._clock), prog_bar=True, batch_size=1)
+        self._clock = now
+        self.log("train_loss", loss, prog_bar=True, batch_size=int(n_tokens))
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_nll = self._val_tokens = 0.0
+        self._val_hyps = {}
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        nll, n_tokens = self.loss(batch, 0.0)
+        self._val_nll += float(nll)
+        self._val_tokens += float(n_tokens)
+        if self.cfg.train.val_bleu and self.val_refs is not None:
+            for i, hyp in zip(batch.index.tolist(), greedy_search(self.model, batch.src, self.search)):
+                self._val_hyps[i] = hyp
+
+    def on_validation_epoch_end(self) -> None:
+        nll = self._val_nll / max(self._val_tokens, 1.0)
+        self.log("val_loss", nll, prog_bar=True)
+        self.log("val_ppl", math.exp(min(nll, 50.0)))
+        if self._val_hyps:
+            hyps = self.tok.decode_tgt([self._val_hyps[i] for i in range(len(self.val_refs))])
+            self.log("val_bleu", bleu(hyps, self.val_refs).score, prog_bar=True)
+        self._clock = None  # validation time is not training throughput
+
+    def configure_optimizers(self):
+        t = self.cfg.train
+        opt = torch.optim.AdamW(self.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt(t.warmup_steps))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["mt_config"] = self.cfg.to_dict()
+        checkpoint["torch_rng_state"] = torch.get_rng_state()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self._pending_rng = checkpoint.get("torch_rng_state")

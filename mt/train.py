@@ -1,0 +1,196 @@
+"""``mt train``: a Lightning run that leaves a self-describing run directory.
+
+<run_dir>/config.yaml           the resolved config (vocabulary sizes included)
+<run_dir>/spm*.model            the tokenizer
+<run_dir>/checkpoints/          best.ckpt, last.ckpt and the last N step checkpoints
+<run_dir>/logs/metrics.csv      training and validation metrics
+<run_dir>/model.safetensors     the inference model (best, or the average of the last N)
+<run_dir>/model.json            its config and the tokenizer's special ids
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+import yaml
+from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
+
+from mt.config import Config
+from mt.data import TranslationDataModule
+from mt.errors import MTError
+from mt.inference import export_model
+from mt.lit import TranslationModule
+from mt.model import Transformer
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints are written to a temporary file, synced, then renamed:
+    a kill at any moment leaves either the old file or the new one."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+
+class LinePrinter(Callback):
+    """One line per validation (and every N steps) where no terminal shows a progress bar."""
+
+    def __init__(self, every: int):
+        self.every, self.start = every, time.perf_counter()
+
+    def line(self, trainer, what: str) -> None:
+        shown = ("train_loss", "tok_per_s", "val_loss", "val_bleu")
+        m = {k: float(v) for k, v in trainer.callback_metrics.items() if k in shown}
+        parts = [f"{k}={v:.4g}" for k, v in m.items()]
+        minutes = (time.perf_counter() - self.start) / 60
+        print(
+            f"[{minutes:6.1f} min] {what} epoch {trainer.current_epoch} step {trainer.global_step}: " + " ".join(parts)
+        )
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if trainer.is_global_zero and trainer.global_step % self.every == 0 and trainer.global_step:
+            self.line(trainer, "train")
+
+    def on_validation_end(self, trainer, module) -> None:
+        if trainer.is_global_zero and not trainer.sanity_checking:
+            self.line(trainer, "valid")
+
+
+def check_writable(run_dir: Path) -> None:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        probe = run_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        raise MTError(f"run directory {run_dir} is not writable ({e.strerror}); set train.run_dir") from None
+
+
+def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
+    """Element-wise mean of the model weights in Lightning checkpoints."""
+    if not paths:
+        raise MTError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    for p in paths:
+        state = torch.load(p, map_location="cpu", weights_only=True)["state_dict"]
+        for k, v in state.items():
+            total[k] = total.get(k, 0) + v.double()
+    return {k: (v / len(paths)).float() for k, v in total.items()}
+
+
+def step_checkpoints(run_dir: Path) -> list[Path]:
+    """The kept step checkpoints, oldest first."""
+    found = (run_dir / "checkpoints").glob("step=*.ckpt")
+    return sorted(found, key=lambda p: int(p.stem.split("=")[1]))
+
+
+def export_from_checkpoints(cfg: Config, run_dir: Path, average_last: int) -> str:
+    """Write the inference model: the best checkpoint, or the mean of the last N."""
+    if average_last > 0:
+        paths = step_checkpoints(run_dir)[-average_last:]
+        state = average_checkpoints(paths)
+        source = f"average of {len(paths)} checkpoints: " + ", ".join(p.name for p in paths)
+    else:
+        best = run_dir / "checkpoints" / "best.ckpt"
+        if not best.exists():
+            best = run_dir / "checkpoints" / "last.ckpt"
+        state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
+        source = best.name
+    model = Transformer(cfg.model)
+    model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
+    export_model(model, run_dir, run_dir, {"source": source})
+    return source
+
+
+def train(cfg: Config) -> Path:
+    t = cfg.train
+    run_dir = Path(t.run_dir)
+    dm = TranslationDataModule(cfg.data, seed=t.seed)  # fails clearly if not prepared
+    tok = dm.tokenizer
+    cfg.model.src_vocab_size, cfg.model.tgt_vocab_size, cfg.model.pad_id = len(tok.src), len(tok.tgt), tok.pad_id
+    cfg.model.__post_init__()  # validate what the tokenizer decided (e.g. shared embeddings need a joint vocab)
+    check_writable(run_dir)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    resume = last if last.exists() else None
+    if resume:
+        print(f"resuming from {resume}")
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    for f in tok.files(cfg.data.prepared_path()):
+        (run_dir / f.name).write_bytes(f.read_bytes())
+
+    L.seed_everything(t.seed, workers=True, verbose=False)
+    dm.setup("fit")
+    module = TranslationModule(cfg, tok, dm.split(cfg.data.valid_split).tgt_text)
+    print(f"model: {module.model.num_parameters():,} parameters")
+    monitor, mode = ("val_bleu", "max") if t.val_bleu else ("val_loss", "min")
+    ckpt_dir = run_dir / "checkpoints"
+    callbacks = [
+        ModelCheckpoint(
+            ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1, enable_version_counter=False
+        ),
+        ModelCheckpoint(
+            ckpt_dir,
+            filename="step={step}",
+            monitor="step",
+            mode="max",
+            save_top_k=t.keep_checkpoints,
+            save_last=True,
+            auto_insert_metric_name=False,
+            enable_version_counter=False,
+        ),  # fmt: skip
+        LearningRateMonitor(logging_interval="step"),
+        TQDMProgressBar() if sys.stderr.isatty() else LinePrinter(t.log_every_steps * 10),
+    ]
+    if t.early_stopping_patience:
+        callbacks.append(EarlyStopping(monitor=monitor, mode=mode, patience=t.early_stopping_patience))
+    val_every = {"val_check_interval": 1.0}
+    if t.val_every_steps:
+        val_every = {
+            "val_check_interval": t.val_every_steps * t.accumulate_grad_batches,
+            "check_val_every_n_epoch": None,
+        }
+    trainer = L.Trainer(
+        default_root_dir=run_dir,
+        accelerator=cfg.trainer.accelerator,
+        devices=cfg.trainer.devices,
+        strategy=cfg.trainer.strategy,
+        num_nodes=cfg.trainer.num_nodes,
+        precision=t.precision,
+        max_steps=t.max_steps,
+        max_epochs=t.max_epochs,
+        max_time={"minutes": t.max_minutes} if t.max_minutes else None,
+        gradient_clip_val=t.clip_grad_norm or None,
+        accumulate_grad_batches=t.accumulate_grad_batches,
+        logger=CSVLogger(run_dir, name="logs", version=""),
+        callbacks=callbacks,
+        plugins=[AtomicCheckpointIO()],
+        use_distributed_sampler=False,  # TokenBatchSampler shards by rank itself
+        num_sanity_val_steps=0,
+        log_every_n_steps=t.log_every_steps,
+        enable_model_summary=False,
+        enable_progress_bar=sys.stderr.isatty(),
+        deterministic=True,
+        **val_every,
+    )
+    start = time.perf_counter()
+    trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    minutes = (time.perf_counter() - start) / 60
+    if trainer.is_global_zero:
+        source = export_from_checkpoints(cfg, run_dir, t.average_last)
+        metrics = {k: round(float(v), 3) for k, v in trainer.callback_metrics.items()}
+        print(f"trained {trainer.global_step} steps in {minutes:.1f} min; last metrics: {metrics}")
+        print(f"inference model ({source}) written to {run_dir}")
+    return run_dir
