@@ -160,35 +160,43 @@ class MultiHeadAttention(nn.Module):
         return AttentionOutput(self.w_o(self.merge_heads(out)), weights if need_weights else None, KV(k, v))
 
 
-def attention_stats(scores: Tensor, weights: Tensor, mask: Tensor | None = None) -> dict[str, Tensor]:
+def attention_stats(weights: Tensor, mask: Tensor | None = None, scores: Tensor | None = None) -> dict[str, Tensor]:
     """Per-head debugging statistics of one attention layer.
 
-    scores: (B, H, T_q, T_k) raw scaled scores; weights: (B, H, T_q, T_k);
-    mask as for attention. Returns a dict of (H,) tensors: score min/max/mean
-    over allowed keys, mean row entropy (nats) and mean row maximum of the
-    weights over rows that attend somewhere, and counts of NaN rows and
-    all-zero rows.
+    weights: (B, H, T_q, T_k); mask as for attention; scores: the raw scaled
+    scores (B, H, T_q, T_k), optional. Returns a dict of (H,) tensors: mean
+    row entropy (nats), the same normalised by log(number of allowed keys)
+    (1 = uniform), mean row maximum, counts of NaN rows and all-zero rows and,
+    with scores, their min/max/mean over allowed keys. Means are over rows
+    that attend somewhere (normalised entropy: rows with two or more keys).
     """
     if mask is None:
-        mask = torch.ones_like(scores, dtype=torch.bool)
-    mask = mask.expand_as(scores)
-    heads = scores.size(1)
-    per_head = lambda x: x.transpose(0, 1).reshape(heads, -1)  # noqa: E731  (B, H, ...) -> (H, N)
-    allowed = per_head(mask)
-    s = per_head(scores.float())
-    inf = torch.tensor(float("inf"))
+        mask = torch.ones_like(weights, dtype=torch.bool)
+    mask = mask.expand_as(weights)
+    heads = weights.size(1)
+
+    def per_head(x: Tensor) -> Tensor:
+        return x.transpose(0, 1).reshape(heads, -1)  # (B, H, ...) -> (H, N)
+
     nan_rows = per_head(torch.isnan(weights).any(dim=-1))  # (H, B*T_q)
     zero_rows = per_head((weights == 0).all(dim=-1))
-    live = ~(nan_rows | zero_rows)
+    live = (~(nan_rows | zero_rows)).float()
     w = weights.float().nan_to_num(0.0)
-    entropy = -(w * torch.log(w.clamp_min(1e-30))).sum(-1)  # (B, H, T_q)
-    n_live = live.sum(-1).clamp_min(1)
-    return {
-        "score_min": torch.where(allowed, s, inf).amin(-1),
-        "score_max": torch.where(allowed, s, -inf).amax(-1),
-        "score_mean": (s * allowed).sum(-1) / allowed.sum(-1).clamp_min(1),
-        "entropy": (per_head(entropy) * live).sum(-1) / n_live,
-        "weight_max": (per_head(w.amax(-1)) * live).sum(-1) / n_live,
+    entropy = per_head(-(w * torch.log(w.clamp_min(1e-30))).sum(-1))  # (H, B*T_q)
+    n_keys = per_head(mask.sum(-1)).float()
+    multi = live * (n_keys > 1).float()
+    norm_entropy = entropy / torch.log(n_keys.clamp_min(2))
+    stats = {
+        "entropy": (entropy * live).sum(-1) / live.sum(-1).clamp_min(1),
+        "norm_entropy": (norm_entropy * multi).sum(-1) / multi.sum(-1).clamp_min(1),
+        "weight_max": (per_head(w.amax(-1)) * live).sum(-1) / live.sum(-1).clamp_min(1),
         "nan_rows": nan_rows.sum(-1),
         "zero_rows": zero_rows.sum(-1),
     }
+    if scores is not None:
+        allowed, s = per_head(mask), per_head(scores.float())
+        inf = torch.tensor(float("inf"))
+        stats["score_min"] = torch.where(allowed, s, inf).amin(-1)
+        stats["score_max"] = torch.where(allowed, s, -inf).amax(-1)
+        stats["score_mean"] = (s * allowed).sum(-1) / allowed.sum(-1).clamp_min(1)
+    return stats

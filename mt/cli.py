@@ -45,7 +45,201 @@ def _run_train(args) -> None:
     train(load_config(args.config, args.overrides))
 
 
-COMMANDS = {"prepare": (_add_prepare, _run_prepare), "train": (_add_train, _run_train)}
+def _add_average(sub) -> None:
+    p = sub.add_parser("average", help="average the last N checkpoints of a run into its inference model")
+    p.add_argument("--model", required=True, help="run directory")
+    p.add_argument("--last", type=int, required=True, help="how many of the kept step checkpoints")
+
+
+def _run_average(args) -> None:
+    from pathlib import Path
+
+    from mt.config import load_config
+    from mt.train import export_from_checkpoints
+
+    run_dir = Path(args.model)
+    cfg = load_config(run_dir / "config.yaml")
+    print(f"inference model written: {export_from_checkpoints(cfg, run_dir, args.last)}")
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return name
+
+
+def _add_decoding_options(p) -> None:
+    p.add_argument("--model", required=True, help="run directory (model.safetensors, model.json, spm*.model)")
+    p.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5)")
+    p.add_argument("--alpha", type=float, default=1.0, help="length penalty: score / length**alpha (default 1.0)")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default 64)")
+    p.add_argument("--max-len-a", type=float, default=1.5, help="output length limit a*source_len+b (default 1.5)")
+    p.add_argument("--max-len-b", type=int, default=10, help="(default 10)")
+    p.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda, cuda:1, ...")
+
+
+def _translator(args):
+    from mt.inference import Translator, load
+
+    if args.beam < 1 or args.batch_size < 1:
+        raise MTError("--beam and --batch-size must be at least 1")
+    model, tok, meta = load(args.model, _device(args.device))
+
+    def warn(msg: str) -> None:
+        print(f"mt: warning: {msg}", file=sys.stderr)
+
+    t = Translator(model, tok, args.beam, args.alpha, args.batch_size, args.max_len_a, args.max_len_b, warn=warn)
+    return t, meta
+
+
+def _add_translate(sub) -> None:
+    p = sub.add_parser(
+        "translate",
+        help="translate text, one line in, one line out",
+        description="Translate stdin (or -i) to stdout (or -o), one output line per input line, in order. "
+        "Input lines longer than the model's maximum positions are truncated, with a warning. "
+        "With --n-best K, each input gives K lines 'INDEX ||| TRANSLATION ||| SCORE' (Moses n-best format).",
+    )
+    _add_decoding_options(p)
+    p.add_argument("-i", "--input", help="input file (default: stdin; a prompt when stdin is a terminal)")
+    p.add_argument("-o", "--output", help="output file, written atomically (default: stdout)")
+    p.add_argument("--n-best", type=int, default=1, help="hypotheses per input (<= beam)")
+    p.add_argument("--scores", action="store_true", help="append a tab and the hypothesis score")
+
+
+def _run_translate(args) -> None:
+    import contextlib
+
+    from mt.textio import atomic_output, utf8_lines
+
+    if not 1 <= args.n_best <= args.beam:
+        raise MTError(f"--n-best must be between 1 and --beam ({args.beam})")
+    translator, _ = _translator(args)
+    if args.input is None and sys.stdin.isatty():
+        _interactive(translator)
+        return
+    with contextlib.ExitStack() as stack:
+        if args.input:
+            try:
+                source = stack.enter_context(open(args.input, "rb"))
+            except OSError as e:
+                raise MTError(f"{args.input}: {e.strerror}") from None
+        else:
+            source = sys.stdin.buffer
+        lines = utf8_lines(source, args.input or "<stdin>")
+        out = stack.enter_context(atomic_output(args.output)) if args.output else sys.stdout
+        for n, nbest in enumerate(translator.stream(lines, chunk=1000, n_best=args.n_best)):
+            for text, score in nbest:
+                if args.n_best > 1:
+                    out.write(f"{n} ||| {text} ||| {score:.4f}\n")
+                else:
+                    out.write(f"{text}\t{score:.4f}\n" if args.scores else text + "\n")
+            if out is sys.stdout and n % 100 == 99:
+                out.flush()
+
+
+def _interactive(translator) -> None:
+    print("Type a sentence and press Enter to translate it; Ctrl-D to quit.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return
+        print(translator.translate([line])[0])
+
+
+def _add_evaluate(sub) -> None:
+    p = sub.add_parser("evaluate", help="translate a test set and report sacreBLEU BLEU and chrF")
+    _add_decoding_options(p)
+    p.add_argument("--split", help="a split of the run's corpus, e.g. test_2016_flickr")
+    p.add_argument("--src", help="source file (instead of --split)")
+    p.add_argument("--ref", help="reference file (with --src)")
+    p.add_argument("--paper", action="store_true", help="add Multi30k papers' BLEU (lowercased, Moses-tokenized)")
+    p.add_argument("--paper-ref", help="tokenized reference file for --paper (default: the corpus's tok/ file)")
+    p.add_argument("--json", action="store_true", help="print the scores as JSON")
+
+
+def _run_evaluate(args) -> None:
+    import json
+    from pathlib import Path
+
+    from mt.corpus import read_lines
+    from mt.evaluate import evaluate, find_paper_reference, split_texts
+
+    translator, meta = _translator(args)
+    run_dir = Path(args.model)
+    if args.split and not args.src:
+        sources, refs, data = split_texts(run_dir, args.split)
+        name = args.split
+    elif args.src and args.ref and not args.split:
+        sources, refs = read_lines(Path(args.src)), read_lines(Path(args.ref))
+        from mt.evaluate import run_config
+
+        data, name = run_config(run_dir).get("data", {}), Path(args.src).stem
+    else:
+        raise MTError("give either --split NAME or --src FILE --ref FILE")
+    paper_ref = None
+    if args.paper:
+        paper_ref = Path(args.paper_ref) if args.paper_ref else find_paper_reference(data, name)
+        if paper_ref is None:
+            raise MTError(f"--paper: no tokenized reference found for {name}; give --paper-ref FILE")
+    scores = evaluate(translator, run_dir, sources, refs, name, data.get("tgt_lang", "de"), paper_ref)
+    if args.json:
+        print(json.dumps(scores, indent=2))
+    else:
+        print(
+            f"{name}: BLEU {scores['bleu']}  chrF {scores['chrf']}  (beam {args.beam}, {scores['sentences']} sentences)"
+        )
+        print(f"  {scores['bleu_detail']}")
+        print(f"  BLEU signature: {scores['bleu_signature']}")
+        print(f"  chrF signature: {scores['chrf_signature']}")
+        if "paper_bleu" in scores:
+            print(f"  paper-style BLEU: {scores['paper_bleu']}  ({scores['paper_bleu_detail']})")
+        print(f"  hypotheses and scores written to {run_dir / 'eval'}")
+
+
+def _add_attention(sub) -> None:
+    p = sub.add_parser(
+        "attention",
+        help="draw a trained model's attention for a sentence",
+        description="Translate SRC greedily (or force-decode --tgt), capture every layer's attention "
+        "weights and draw them as heatmaps. Cross-attention: target tokens as rows, source tokens as "
+        "columns. --temperature T divides the scaled scores by T: T > 1 flattens the weights, T < 1 "
+        "sharpens them.",
+    )
+    p.add_argument("--model", required=True, help="run directory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--src", help="source sentence")
+    src.add_argument("--src-file", help="file of source sentences: one image per line (OUT-<n>.png)")
+    p.add_argument("--tgt", help="target sentence to force-decode (default: the model's greedy translation)")
+    p.add_argument("--kind", choices=["cross", "encoder", "decoder", "all"], default="cross")
+    p.add_argument("--layer", default="all", help="layer index or 'all' (default all)")
+    p.add_argument("--head", default="all", help="head index, 'all' or 'mean' (default all)")
+    p.add_argument("--out", help="image file: .png, .svg or .pdf")
+    p.add_argument("--stats", action="store_true", help="print per-head statistics (entropy, max, ...)")
+    p.add_argument("--temperature", type=float, default=1.0, help="attention temperature (default 1)")
+    p.add_argument("--align", action="store_true", help="print source-target piece alignments (Pharaoh i-j)")
+    p.add_argument("--align-layer", type=int, help="decoder layer for --align (default: second to last)")
+    p.add_argument("--html", help="also write a self-contained HTML page to browse all maps")
+
+
+def _run_attention(args) -> None:
+    from mt.attention_cli import run
+
+    run(args)
+
+
+COMMANDS = {
+    "prepare": (_add_prepare, _run_prepare),
+    "train": (_add_train, _run_train),
+    "average": (_add_average, _run_average),
+    "translate": (_add_translate, _run_translate),
+    "evaluate": (_add_evaluate, _run_evaluate),
+    "attention": (_add_attention, _run_attention),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:

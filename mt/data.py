@@ -27,7 +27,7 @@ from mt.corpus import load_corpus
 from mt.errors import DataError
 from mt.tokenizer import JOINT, SRC, TGT, Tokenizer, train_sentencepiece
 
-PREPARE_FORMAT = 1
+PREPARE_FORMAT = 3  # 2: source ids end with EOS; 3: the summary reports padding
 FINGERPRINT_FIELDS = (
     "src_lang", "tgt_lang", "train_split", "vocab_size", "joint_vocab", "spm_model_type", "max_len", "max_ratio",
 )  # fmt: skip
@@ -51,6 +51,7 @@ def _train_tokenizer(cfg: DataConfig, src: list[str], tgt: list[str], out: Path)
 
 
 def _drop_reason(n_src: int, n_tgt: int, cfg: DataConfig) -> str | None:
+    """n_src, n_tgt: subword tokens, without the source's EOS."""
     if n_src == 0 or n_tgt == 0:
         return "empty"
     if max(n_src, n_tgt) > cfg.max_len:
@@ -100,7 +101,7 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> dict:
             keep = []
             columns = ds.select_columns(["src_ids", "tgt_ids"]).to_dict()
             for i, (s, t) in enumerate(zip(columns["src_ids"], columns["tgt_ids"])):
-                reason = _drop_reason(len(s), len(t), cfg)
+                reason = _drop_reason(max(len(s) - 1, 0), len(t), cfg)
                 if reason is None:
                     keep.append(i)
                 else:
@@ -110,6 +111,14 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> dict:
         ds.save_to_disk(str(tmp / name))
         summary["splits"][name] = _split_stats(ds, tok.unk_id, dropped)
 
+    train = datasets.load_from_disk(str(tmp / cfg.train_split)).select_columns(["src_ids", "tgt_ids"]).to_dict()
+    src_lens, tgt_lens = [len(x) for x in train["src_ids"]], [len(x) for x in train["tgt_ids"]]
+    batches = TokenBatchSampler(src_lens, tgt_lens, cfg.max_tokens).all_batches()
+    summary["train_batches"] = {
+        "max_tokens": cfg.max_tokens,
+        "batches": len(batches),
+        "padding_waste": round(padding_waste(batches, src_lens, tgt_lens), 4),
+    }
     meta_path = tmp / "prepare.json"
     meta_path.write_text(json.dumps({"fingerprint": fingerprint, "summary": summary}, indent=2))
     if out.exists():
@@ -125,7 +134,7 @@ def _split_stats(ds, unk_id: int, dropped: dict[str, int]) -> dict:
     stats = {"kept": len(ds), "dropped": sum(dropped.values()), "dropped_by_reason": dropped}
     for side in ("src", "tgt"):
         ids = ds.select_columns([f"{side}_ids"]).to_dict()[f"{side}_ids"]
-        n_tokens = sum(len(x) for x in ids)
+        n_tokens = sum(len(x) for x in ids) - (len(ids) if side == "src" else 0)  # without the source EOS
         stats[f"{side}_tokens_per_sentence"] = round(n_tokens / max(len(ids), 1), 2)
         stats[f"{side}_unk_share"] = sum(x.count(unk_id) for x in ids) / max(n_tokens, 1)
     return stats
@@ -145,6 +154,12 @@ def format_summary(summary: dict) -> str:
             f"{name:<20}{s['kept']:>8}{s['dropped']:>9}{s['src_tokens_per_sentence']:>14}"
             f"{s['tgt_tokens_per_sentence']:>14}{s['src_unk_share']:>10.2%}{s['tgt_unk_share']:>10.2%}"
             + (f"   ({reasons})" if reasons else "")
+        )
+    if "train_batches" in summary:
+        b = summary["train_batches"]
+        lines.append(
+            f"training batches at max_tokens={b['max_tokens']}: {b['batches']} per epoch, "
+            f"{b['padding_waste']:.1%} of their tokens are padding"
         )
     return "\n".join(lines)
 

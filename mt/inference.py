@@ -95,8 +95,8 @@ class Translator:
         limit = self.model.cfg.max_positions
         for n, x in enumerate(ids):
             if len(x) > limit:
-                self.warn(f"line {first_line + n}: {len(x)} subword tokens, truncated to {limit}")
-                ids[n] = x[:limit]
+                self.warn(f"line {first_line + n}: {len(x) - 1} subword tokens, truncated to {limit - 1}")
+                ids[n] = x[: limit - 1] + [self.tok.eos_id]
         return ids
 
     def translate_ids(self, ids: list[list[int]], n_best: int = 1) -> list[list[tuple[list[int], float]]]:
@@ -117,8 +117,8 @@ class Translator:
                 src[row, : len(ids[i])] = torch.tensor(ids[i])
             src = src.to(self.device)
             if self.beam == 1 and n_best == 1:
-                for i, hyp in zip(nonempty, greedy_search(self.model, src, self.settings)):
-                    results[i] = [(hyp, float("nan"))]
+                for i, hyp in zip(nonempty, greedy_search(self.model, src, self.settings, self.alpha)):
+                    results[i] = [(hyp.tokens, hyp.score)]
             else:
                 hyps = beam_search(self.model, src, self.settings, self.beam, self.alpha, n_best)
                 for i, nbest in zip(nonempty, hyps):

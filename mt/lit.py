@@ -74,7 +74,7 @@ class TranslationModule(L.LightningModule):
         self._val_tokens += float(n_tokens)
         if self.cfg.train.val_bleu and self.val_refs is not None:
             for i, hyp in zip(batch.index.tolist(), greedy_search(self.model, batch.src, self.search)):
-                self._val_hyps[i] = hyp
+                self._val_hyps[i] = hyp.tokens
 
     def on_validation_epoch_end(self) -> None:
         nll = self._val_nll / max(self._val_tokens, 1.0)

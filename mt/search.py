@@ -32,6 +32,7 @@ class SearchSettings:
     pad_id: int
     max_len_a: float = 1.5
     max_len_b: int = 10
+    min_len: int = 1  #: fewest tokens to generate, eos included (benchmarks force a fixed length)
 
 
 def max_lengths(src: Tensor, s: SearchSettings, max_positions: int) -> Tensor:
@@ -41,12 +42,14 @@ def max_lengths(src: Tensor, s: SearchSettings, max_positions: int) -> Tensor:
     return limit.clamp(1, max_positions - 1)  # bos takes a position too
 
 
-def _step_log_probs(logits: Tensor, s: SearchSettings, force_eos: Tensor) -> Tensor:
+def _step_log_probs(logits: Tensor, s: SearchSettings, step: int, force_eos: Tensor) -> Tensor:
     """logits: (N, V) -> log-probabilities (N, V) that never pick pad or bos,
-    and pick only eos in rows where ``force_eos`` (N,) is set."""
+    nor eos before ``s.min_len`` tokens, and only eos in rows where ``force_eos`` (N,) is set."""
     logp = torch.log_softmax(logits.float(), dim=-1)
     logp[:, s.pad_id] = float("-inf")
     logp[:, s.bos_id] = float("-inf")
+    if step + 1 < s.min_len:
+        logp[:, s.eos_id] = float("-inf")
     if force_eos.any():
         eos_col = logp[:, s.eos_id].clone()
         logp[force_eos] = float("-inf")
@@ -55,26 +58,33 @@ def _step_log_probs(logits: Tensor, s: SearchSettings, force_eos: Tensor) -> Ten
 
 
 @torch.no_grad()
-def greedy_search(model: Transformer, src: Tensor, s: SearchSettings) -> list[list[int]]:
-    """src: (B, T_s) -> B lists of generated ids (without bos/eos)."""
+def greedy_search(model: Transformer, src: Tensor, s: SearchSettings, alpha: float = 1.0) -> list[Hypothesis]:
+    """src: (B, T_s) -> per sentence its most probable next token at each step,
+    scored like beam search (log-probability / length ** alpha)."""
     b = src.size(0)
     enc = model.encode(src)
     limits = max_lengths(src, s, model.cfg.max_positions)
     tokens = torch.full((b, 1), s.bos_id, dtype=torch.long, device=src.device)
     finished = torch.zeros(b, dtype=torch.bool, device=src.device)
+    log_prob = torch.zeros(b, device=src.device)
+    length = torch.zeros(b, device=src.device)
     cache = DecoderCache()
     outputs: list[Tensor] = []
     for step in range(int(limits.max())):
         dec = model.decode(tokens, enc, cache)
         cache = dec.cache
-        logp = _step_log_probs(dec.logits[:, -1], s, limits <= step + 1)
-        tokens = logp.argmax(-1, keepdim=True).masked_fill(finished[:, None], s.pad_id)  # (B, 1)
+        logp = _step_log_probs(dec.logits[:, -1], s, step, limits <= step + 1)
+        best, tokens = logp.max(-1, keepdim=True)  # (B, 1)
+        tokens = tokens.masked_fill(finished[:, None], s.pad_id)
+        log_prob += best[:, 0].masked_fill(finished, 0.0)
+        length += (~finished).float()
         outputs.append(tokens)
         finished |= tokens[:, 0] == s.eos_id
         if finished.all():
             break
     out = torch.cat(outputs, 1).tolist()
-    return [_strip(row, s) for row in out]
+    scores = (log_prob / length**alpha).tolist()
+    return [Hypothesis(_strip(row, s), score, lp) for row, score, lp in zip(out, scores, log_prob.tolist())]
 
 
 def _strip(ids: list[int], s: SearchSettings) -> list[int]:
@@ -106,7 +116,7 @@ def beam_search(
     base = torch.arange(b, device=dev)[:, None] * k  # (B, 1) first row of each sentence
     for step in range(int(limits.max())):
         dec = model.decode(tokens[:, -1:], enc, cache)
-        logp = _step_log_probs(dec.logits[:, -1], s, limits <= step + 1)  # (B*K, V)
+        logp = _step_log_probs(dec.logits[:, -1], s, step, limits <= step + 1)  # (B*K, V)
         vocab = logp.size(-1)
         cand = (scores.view(-1, 1) + logp).view(b, k * vocab)  # (B, K*V)
         top_scores, top_idx = cand.topk(2 * k, dim=1)  # (B, 2K)

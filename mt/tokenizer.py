@@ -70,9 +70,12 @@ class Tokenizer:
         return cls(procs[0], procs[-1])
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
-        return self.src.encode(texts)
+        """Source pieces followed by EOS (as fairseq, JoeyNMT and Marian do: a
+        fixed key that attention can fall back on). A blank line is []."""
+        return [ids + [self.eos_id] if ids else [] for ids in self.src.encode(texts)]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
+        """Target pieces, without bos/eos (the batches add them)."""
         return self.tgt.encode(texts)
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:

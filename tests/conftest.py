@@ -1,9 +1,13 @@
+import csv
 import gzip
+import sys
 from pathlib import Path
 
 import pytest
 
-from mt.config import DataConfig
+from mt.cli import main
+from mt.config import DataConfig, load_config
+from mt.data import prepare
 from mt.toy import toy_corpus
 
 
@@ -33,3 +37,40 @@ def data_cfg(tmp_path, monkeypatch, corpus_splits):
         corpus="synth", source="local", local_dir=str(tmp_path / "raw"), prepared_dir=str(tmp_path / "prepared"),
         vocab_size=60, max_tokens=512, max_len=60,
     )  # fmt: skip
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = ROOT / "configs" / "toy.yaml"
+
+
+@pytest.fixture(scope="session")
+def toy_data(tmp_path_factory):
+    path = tmp_path_factory.mktemp("toy") / "prepared"
+    cfg = load_config(TOY, [f"data.prepared_dir={path}", "data.toy_sizes={train: 1500, val: 100, test: 100}"])
+    prepare(cfg.data, verbose=False)
+    return path
+
+
+def mt_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "mt.cli", *args]
+
+
+def train_args(toy_data: Path, run_dir: Path, *overrides: str) -> list[str]:
+    return [
+        "train", "--config", str(TOY), f"data.prepared_dir={toy_data}", f"train.run_dir={run_dir}",
+        "data.toy_sizes={train: 1500, val: 100, test: 100}", *overrides,
+    ]  # fmt: skip
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    with open(run_dir / "logs" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val_loss")]
+    return [{k: r[k] for k in ("step", "val_loss", "val_bleu")} for r in rows]
+
+
+@pytest.fixture(scope="session")
+def toy_run(toy_data, tmp_path_factory):
+    """A toy model trained once for the whole session (tests of translate/evaluate/attention use it)."""
+    run_dir = tmp_path_factory.mktemp("runs") / "toy"
+    assert main(train_args(toy_data, run_dir)) == 0
+    return run_dir

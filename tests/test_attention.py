@@ -176,9 +176,12 @@ def test_attention_stats():
     scores = torch.tensor([[[[0.0, 0.0], [5.0, -5.0], [1.0, 2.0]]]])  # (1, 1, 3, 2)
     mask = torch.tensor([[[[True, True], [True, True], [False, False]]]])
     weights = torch.softmax(scores, -1).masked_fill(~mask, 0.0)
-    stats = attention_stats(scores, weights, mask)
+    stats = attention_stats(weights, mask, scores)
     assert stats["zero_rows"].tolist() == [1]
     assert stats["nan_rows"].tolist() == [0]
     assert stats["score_max"].item() == 5.0 and stats["score_min"].item() == -5.0
     expected_entropy = (math.log(2) + 0.0) / 2  # uniform row and (almost) one-hot row
     assert stats["entropy"].item() == pytest.approx(expected_entropy, abs=1e-3)
+    assert stats["norm_entropy"].item() == pytest.approx(0.5, abs=1e-3)
+    assert stats["weight_max"].item() == pytest.approx((0.5 + 1.0) / 2, abs=1e-3)
+    assert "score_min" not in attention_stats(weights, mask)

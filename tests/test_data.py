@@ -25,6 +25,7 @@ def test_prepare_and_batches(tmp_path, data_cfg, corpus_splits, gz):
     summary = prepare(data_cfg, verbose=False)
     assert set(summary["splits"]) == {"train", "val", "test_2016_flickr"}
     assert summary["splits"]["val"]["kept"] == 40
+    assert 0 <= summary["train_batches"]["padding_waste"] < 0.1
     tok = Tokenizer.load(data_cfg.prepared_path())
     assert (tok.pad_id, tok.unk_id, tok.bos_id, tok.eos_id) == (0, 1, 2, 3)
     assert tok.joint

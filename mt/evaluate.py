@@ -1,0 +1,93 @@
+"""``mt evaluate``: translate a test set and score it with sacreBLEU (BLEU,
+chrF, signatures) and, with ``--paper``, the Multi30k papers' tokenized BLEU."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import yaml
+
+from mt.corpus import ENV_DATA_DIR, read_lines
+from mt.errors import DataError
+from mt.inference import Translator
+from mt.metrics import bleu, chrf, paper_bleu, signature
+from mt.textio import atomic_output
+
+
+def run_config(run_dir: Path) -> dict:
+    path = run_dir / "config.yaml"
+    return yaml.safe_load(path.read_text()) if path.exists() else {}
+
+
+def split_texts(run_dir: Path, split: str) -> tuple[list[str], list[str], dict]:
+    """Source and reference lines of a split, from the raw corpus the run was prepared from."""
+    data = run_config(run_dir).get("data", {})
+    local = data.get("local_dir") or os.environ.get(ENV_DATA_DIR)
+    prepared = Path(
+        data.get("prepared_dir") or f"data/prepared/{data.get('corpus')}.{data.get('src_lang')}-{data.get('tgt_lang')}"
+    )
+    if (prepared / split).is_dir():
+        from mt.data import Split
+
+        s = Split(prepared / split)
+        return s.src_text, s.tgt_text, data
+    if local:
+        from mt.corpus import read_local
+
+        splits, _ = read_local(Path(local), data["src_lang"], data["tgt_lang"])
+        if split in splits:
+            return *splits[split], data
+    raise DataError(
+        f"split {split!r} not found in {prepared} or a local corpus directory; "
+        f"run `mt prepare` or give --src FILE --ref FILE"
+    )
+
+
+def find_paper_reference(data: dict, split: str) -> Path | None:
+    """Multi30k's tokenized references: tok/<split>.lc.norm.tok.<lang> beside the raw/ directory."""
+    local = data.get("local_dir") or os.environ.get(ENV_DATA_DIR)
+    if not local:
+        return None
+    candidate = Path(local).parent / "tok" / f"{split}.lc.norm.tok.{data.get('tgt_lang')}"
+    return candidate if candidate.exists() else None
+
+
+def evaluate(
+    translator: Translator,
+    run_dir: Path,
+    sources: list[str],
+    refs: list[str],
+    name: str,
+    tgt_lang: str,
+    paper_ref: Path | None = None,
+) -> dict:
+    if len(sources) != len(refs):
+        raise DataError(f"{len(sources)} source lines but {len(refs)} references")
+    hyps = translator.translate(sources)
+    b, c = bleu(hyps, refs), chrf(hyps, refs)
+    scores = {
+        "test_set": name,
+        "sentences": len(hyps),
+        "beam": translator.beam,
+        "bleu": round(b.score, 2),
+        "bleu_signature": signature("bleu"),
+        "chrf": round(c.score, 2),
+        "chrf_signature": signature("chrf"),
+        "bleu_detail": str(b),
+    }
+    if paper_ref is not None:
+        tok_refs = read_lines(paper_ref)
+        if len(tok_refs) != len(hyps):
+            raise DataError(f"{paper_ref}: {len(tok_refs)} lines, expected {len(hyps)}")
+        p = paper_bleu(hyps, tok_refs, tgt_lang)
+        scores["paper_bleu"] = round(p.score, 2)
+        scores["paper_bleu_detail"] = f"{p} (lowercased, Moses-normalised and -tokenized vs {paper_ref.name})"
+    out = run_dir / "eval"
+    stem = f"{name}.beam{translator.beam}"
+    with atomic_output(out / f"{stem}.hyp") as f:
+        f.writelines(h + "\n" for h in hyps)
+    with atomic_output(out / f"{stem}.json") as f:
+        json.dump(scores, f, indent=2)
+    return scores

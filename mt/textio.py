@@ -1,0 +1,42 @@
+"""Line-oriented text I/O for the command line: strict UTF-8 input that names
+the failing line, and output files that appear only once complete."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from mt.errors import DataError
+
+
+def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
+    """Decode byte lines one by one; invalid UTF-8 raises DataError naming ``name:line``."""
+    for n, raw in enumerate(stream, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{name}:{n}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+        yield text.rstrip("\n").rstrip("\r")
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | Path) -> Iterator[IO[str]]:
+    """Write to a temporary file beside ``path``; rename it into place only if
+    the block finishes. On any error or Ctrl-C the partial file is removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise

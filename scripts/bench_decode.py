@@ -1,0 +1,157 @@
+"""Decoding speed: mt against Hugging Face transformers ``generate`` on a
+MarianMT model of identical dimensions (random weights), and against
+CTranslate2 on that Marian model converted with CTranslate2's own converter.
+Greedy and beam 5, every output exactly 20 tokens long so the work is equal,
+batch 64, side by side in one run.
+
+    pip install transformers ctranslate2     # benchmark-only dependencies
+    python scripts/bench_decode.py [--sentences 1000] [--batch 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from mt.config import ModelConfig
+from mt.model import Transformer
+from mt.search import SearchSettings, beam_search, greedy_search
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+V, OUT_LEN = 8000, 20
+
+
+def sources(n: int, prepared: Path) -> list[list[int]]:
+    """Multi30k test-set lengths (with EOS) when prepared data exists, random ids."""
+    g = torch.Generator().manual_seed(0)
+    if (prepared / "test_2016_flickr").is_dir():
+        from mt.data import Split
+
+        lengths = [len(x) for x in Split(prepared / "test_2016_flickr").src]
+    else:
+        lengths = [max(4, int(15 + 5 * torch.randn(1, generator=g))) for _ in range(n)]
+    lengths = (lengths * (n // len(lengths) + 1))[:n]
+    return sorted(([*torch.randint(4, V, (n_i - 1,), generator=g).tolist(), EOS] for n_i in lengths), key=len)
+
+
+def padded(batch: list[list[int]]) -> torch.Tensor:
+    out = torch.full((len(batch), max(map(len, batch))), PAD)
+    for i, s in enumerate(batch):
+        out[i, : len(s)] = torch.tensor(s)
+    return out
+
+
+def timed(fn, data: list[list[int]], batch: int) -> float:
+    fn(data[:batch])  # warm-up
+    start = time.perf_counter()
+    for i in range(0, len(data), batch):
+        fn(data[i : i + batch])
+    return len(data) / (time.perf_counter() - start)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sentences", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--prepared", type=Path, default=Path("data/prepared/multi30k.en-de"))
+    args = p.parse_args()
+    import ctranslate2
+    import transformers
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    data = sources(args.sentences, args.prepared)
+    hf_cfg = MarianConfig(
+        vocab_size=V, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, activation_function="relu",
+        max_position_embeddings=256, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
+        decoder_start_token_id=PAD, forced_eos_token_id=None, scale_embedding=True, dropout=0.0,
+    )  # fmt: skip
+    hf = MarianMTModel(hf_cfg).eval()
+    ours = Transformer(
+        ModelConfig(
+            d_model=256,
+            n_heads=4,
+            enc_layers=3,
+            dec_layers=3,
+            d_ff=1024,
+            dropout=0.0,
+            norm_first=False,
+            src_vocab_size=V,
+            tgt_vocab_size=V,
+            pad_id=PAD,
+        )  # fmt: skip
+    ).eval()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        hf_dir, ct2_dir = Path(tmp) / "marian", Path(tmp) / "ct2"
+        hf.save_pretrained(hf_dir)
+        vocab = {f"t{i}": i for i in range(V)} | {"<pad>": PAD, "<unk>": UNK, "<s>": BOS, "</s>": EOS}
+        (hf_dir / "vocab.json").write_text(json.dumps(vocab))
+        spec = ctranslate2.converters.TransformersConverter(str(hf_dir), load_as_float16=False)
+        try:
+            spec.convert(str(ct2_dir), force=True)
+        except Exception as e:  # the converter wants a tokenizer; fall back to the vocabulary we wrote
+            raise SystemExit(f"CTranslate2 conversion failed: {e}") from e
+        ct2 = {
+            q: ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=q, intra_threads=torch.get_num_threads())
+            for q in ("float32", "int8")
+        }
+
+        names = {i: n for n, i in vocab.items()}
+        s = SearchSettings(BOS, EOS, PAD, max_len_a=0.0, max_len_b=OUT_LEN, min_len=OUT_LEN)
+        rows = []
+        for beam in (1, 5):
+
+            def run_mt(batch, beam=beam):
+                src = padded(batch)
+                return greedy_search(ours, src, s) if beam == 1 else beam_search(ours, src, s, beam=beam)
+
+            @torch.no_grad()
+            def run_hf(batch, beam=beam):
+                src = padded(batch)
+                return hf.generate(
+                    input_ids=src, attention_mask=src != PAD, num_beams=beam, do_sample=False,
+                    max_new_tokens=OUT_LEN, min_new_tokens=OUT_LEN, early_stopping=False,
+                )  # fmt: skip
+
+            def run_ct2(translator, beam=beam):
+                def go(batch):
+                    tokens = [[names[i] for i in x] for x in batch]
+                    return translator.translate_batch(
+                        tokens, beam_size=beam, max_decoding_length=OUT_LEN, min_decoding_length=OUT_LEN,
+                        max_batch_size=args.batch,
+                    )  # fmt: skip
+
+                return go
+
+            rows.append(
+                (
+                    "greedy" if beam == 1 else f"beam {beam}",
+                    {
+                        "mt": timed(run_mt, data, args.batch),
+                        "HF": timed(run_hf, data, args.batch),
+                        "CT2 fp32": timed(run_ct2(ct2["float32"]), data, args.batch),
+                        "CT2 int8": timed(run_ct2(ct2["int8"]), data, args.batch),
+                    },
+                )
+            )
+    print(
+        f"{args.sentences} sentences, batch {args.batch}, {OUT_LEN} output tokens each; sentences/s "
+        f"(transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}, torch {torch.__version__})"
+    )
+    print(f"{'search':<8}{'mt':>8}{'HF':>8}{'CT2 fp32':>10}{'CT2 int8':>10}{'mt/HF':>8}{'mt/CT2 fp32':>13}")
+    for name, r in rows:
+        print(
+            f"{name:<8}{r['mt']:>8.0f}{r['HF']:>8.0f}{r['CT2 fp32']:>10.0f}{r['CT2 int8']:>10.0f}"
+            f"{r['mt'] / r['HF']:>7.2f}x{r['mt'] / r['CT2 fp32']:>12.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,209 @@
+"""translate, evaluate and attention on a trained toy model."""
+
+import itertools
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+
+from mt.cli import main
+from mt.data import Split
+from mt.inference import Translator, load
+from mt.inspect import alignment, force_decode, pharaoh, translate_with_attention
+from mt.metrics import bleu
+from mt.plotting import heatmap_grid, save_figure
+from mt.textio import atomic_output
+
+
+@pytest.fixture(scope="module")
+def toy_model(toy_run):
+    return load(toy_run)
+
+
+@pytest.fixture(scope="module")
+def toy_test(toy_data):
+    s = Split(toy_data / "test")
+    return s.src_text, s.tgt_text
+
+
+def test_translations_are_good_and_beam_matches_batching(toy_model, toy_test):
+    model, tok, _ = toy_model
+    src, ref = toy_test
+    hyps = Translator(model, tok, beam=5).translate(src)
+    assert bleu(hyps, ref).score > 80
+    one_by_one = [Translator(model, tok, beam=5).translate([s])[0] for s in src[:10]]
+    assert one_by_one == hyps[:10]
+
+
+def test_translate_cli_one_line_per_line(toy_run, toy_model, toy_test, tmp_path, capsys):
+    model, tok, _ = toy_model
+    src = toy_test[0][:20]
+    lines = src[:5] + [""] + src[5:]
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    assert (
+        main(["translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.txt")])
+        == 0
+    )
+    out = (tmp_path / "out.txt").read_text().split("\n")[:-1]
+    assert len(out) == len(lines) and out[5] == ""
+    assert out[:5] + out[6:] == Translator(model, tok, beam=5).translate(src)
+
+    assert (
+        main(["translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "--beam", "3", "--n-best", "2"])
+        == 0
+    )
+    nbest = capsys.readouterr().out.splitlines()
+    assert len(nbest) == 2 * len(lines)
+    assert all(re.fullmatch(r"\d+ \|\|\| .* \|\|\| -?\d+\.\d+", x) for x in nbest)
+    assert [int(x.split()[0]) for x in nbest] == [i for i in range(len(lines)) for _ in range(2)]
+
+
+def test_translate_stdin_to_stdout(toy_run, toy_test):
+    src = toy_test[0][:3]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    res = subprocess.run(
+        [sys.executable, "-m", "mt.cli", "translate", "--model", str(toy_run), "--beam", "1", "--scores"],
+        input="\n".join(src) + "\n", capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    rows = res.stdout.splitlines()
+    assert len(rows) == 3 and all(len(r.split("\t")) == 2 and float(r.split("\t")[1]) <= 0 for r in rows)
+
+
+def test_streaming_does_not_read_all_input_first(toy_model):
+    model, tok, _ = toy_model
+    endless = itertools.cycle(["the cat runs", "a dog"])
+    first = list(itertools.islice(Translator(model, tok, beam=1).stream(endless, chunk=4), 6))
+    assert len(first) == 6
+
+
+def test_bad_input_is_a_clear_error_and_leaves_no_output(toy_run, tmp_path, capsys):
+    (tmp_path / "in.txt").write_bytes(b"the cat\nthe dog\nbad \xfe\n")
+    out = tmp_path / "out.txt"
+    assert main(["translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "-o", str(out)]) == 1
+    assert "in.txt:3: invalid UTF-8" in capsys.readouterr().err
+    assert not out.exists() and not list(tmp_path.glob(".out.txt*"))
+
+
+def test_atomic_output_on_interrupt(tmp_path):
+    with pytest.raises(KeyboardInterrupt), atomic_output(tmp_path / "o.txt") as f:
+        f.write("partial\n")
+        raise KeyboardInterrupt
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_long_line_is_truncated_with_warning(toy_run, tmp_path, capsys):
+    (tmp_path / "long.txt").write_text(" ".join(["cat"] * 200) + "\n")
+    assert main(["translate", "--model", str(toy_run), "-i", str(tmp_path / "long.txt"), "--beam", "1"]) == 0
+    captured = capsys.readouterr()
+    assert "line 1:" in captured.err and "truncated" in captured.err
+    assert len(captured.out.splitlines()) == 1
+
+
+def test_model_directory_errors(toy_run, tmp_path, capsys):
+    assert main(["translate", "--model", str(tmp_path / "none")]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in ("model.json", "spm.model"):
+        (broken / f).write_bytes((toy_run / f).read_bytes())
+    assert main(["translate", "--model", str(broken)]) == 1
+    assert "model.safetensors missing" in capsys.readouterr().err
+    (broken / "model.safetensors").write_bytes((toy_run / "model.safetensors").read_bytes()[:1000])
+    assert main(["translate", "--model", str(broken)]) == 1
+    assert "cannot load weights" in capsys.readouterr().err
+    import sentencepiece as spm
+
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(["some other text entirely"] * 50), model_prefix=str(broken / "spm"),
+        vocab_size=30, pad_id=0, unk_id=1, bos_id=2, eos_id=3, hard_vocab_limit=False, minloglevel=2,
+    )  # fmt: skip
+    assert main(["translate", "--model", str(broken)]) == 1
+    assert "tokenizer does not match the model" in capsys.readouterr().err
+
+
+def test_evaluate_writes_scores(toy_run, toy_test, tmp_path, capsys):
+    src, ref = toy_test
+    (tmp_path / "t.src").write_text("\n".join(src) + "\n")
+    (tmp_path / "t.ref").write_text("\n".join(ref) + "\n")
+    (tmp_path / "t.tok").write_text("\n".join(r.lower() for r in ref) + "\n")
+    args = ["evaluate", "--model", str(toy_run), "--src", str(tmp_path / "t.src"), "--ref", str(tmp_path / "t.ref")]
+    assert main([*args, "--paper", "--paper-ref", str(tmp_path / "t.tok"), "--json"]) == 0
+    import json
+
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["bleu"] > 80 and scores["paper_bleu"] > 80 and scores["chrf"] > 80
+    assert scores["bleu_signature"].startswith("nrefs:1")
+    assert (toy_run / "eval" / "t.beam5.json").exists()
+    hyp = (toy_run / "eval" / "t.beam5.hyp").read_text().splitlines()
+    assert len(hyp) == len(src)
+    assert main(["evaluate", "--model", str(toy_run), "--split", "test", "--beam", "1"]) == 0
+    assert "BLEU" in capsys.readouterr().out
+
+
+def test_weights_during_translation_equal_force_decoding(toy_model, toy_test):
+    model, tok, _ = toy_model
+    src_ids = tok.encode_src([toy_test[0][0]])[0]
+    tgt_ids, captured = translate_with_attention(model, tok, src_ids, max_len=60)
+    maps = force_decode(model, tok, src_ids, tgt_ids)
+    assert len(captured) == len(maps.cross)
+    for a, b in zip(captured, maps.cross):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for kind in ("encoder", "decoder", "cross"):
+        rows, cols = maps.axes(kind)
+        for w in maps.layers(kind):
+            assert w.shape[1:] == (len(rows), len(cols))
+            torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:2]))
+    assert torch.all(maps.decoder[0].triu(1) == 0)  # no attention to the future
+
+
+def test_temperature_direction_on_a_trained_model(toy_model, toy_test):
+    model, tok, _ = toy_model
+    src_ids = tok.encode_src([toy_test[0][1]])[0]
+    tgt_ids = tok.encode_tgt([toy_test[1][1]])[0]
+
+    def entropy(t):
+        w = force_decode(model, tok, src_ids, tgt_ids, temperature=t).cross[-1]
+        return float(-(w * w.clamp_min(1e-30).log()).sum(-1).mean())
+
+    assert entropy(0.5) < entropy(1.0) < entropy(2.0)
+    assert entropy(1000.0) == pytest.approx(math.log(len(src_ids)), rel=1e-2)  # uniform in the limit
+
+
+def test_alignment_and_plot(toy_model, toy_test, tmp_path):
+    model, tok, _ = toy_model
+    src_ids = tok.encode_src([toy_test[0][2]])[0]
+    tgt_ids = tok.encode_tgt([toy_test[1][2]])[0]
+    maps = force_decode(model, tok, src_ids, tgt_ids)
+    pairs = alignment(maps, layer=0)
+    assert len(pairs) == len(tgt_ids)
+    assert all(0 <= s < len(src_ids) - 1 for s, _ in pairs)
+    assert re.fullmatch(r"(\d+-\d+ )*\d+-\d+", pharaoh(pairs))
+    rows, cols = maps.axes("cross")
+    fig = heatmap_grid([[("h0", maps.cross[0][0]), ("h1", maps.cross[0][1])]], rows, cols)
+    for ax in fig.axes[:2]:
+        assert [t.get_text() for t in ax.get_xticklabels()] == cols
+        assert [t.get_text() for t in ax.get_yticklabels()] == rows
+    save_figure(fig, tmp_path / "a.png")
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_attention_cli(toy_run, tmp_path, capsys):
+    out = tmp_path / "att.png"
+    args = ["attention", "--model", str(toy_run), "--src", "the big cat sees a dog", "--kind", "all"]
+    assert main([*args, "--out", str(out), "--stats", "--align", "--html", str(tmp_path / "a.html")]) == 0
+    printed = capsys.readouterr().out
+    for kind in ("encoder", "decoder", "cross"):
+        assert (tmp_path / f"att-{kind}.png").exists()
+    assert "entropy" in printed and re.search(r"^(\d+-\d+ )*\d+-\d+$", printed, re.M)
+    page = (tmp_path / "a.html").read_text()
+    assert "<script>" in page and "http" not in page.split("<script>")[1]
+    (tmp_path / "s.txt").write_text("the cat\na dog runs\n")
+    assert main(["attention", "--model", str(toy_run), "--src-file", str(tmp_path / "s.txt"), "--out", str(out)]) == 0
+    assert (tmp_path / "att-0.png").exists() and (tmp_path / "att-1.png").exists()
+    assert main(["attention", "--model", str(toy_run), "--src", "cat", "--layer", "9", "--out", str(out)]) == 1
+    assert "--layer 9 out of range" in capsys.readouterr().err

@@ -1,0 +1,132 @@
+import math
+
+import pytest
+import torch
+
+from mt.attention import KV
+from mt.config import ModelConfig
+from mt.layers import LayerCache
+from mt.model import DecoderCache, DecoderOutput, EncoderOutput, Transformer
+from mt.search import SearchSettings, beam_search, greedy_search
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+S = SearchSettings(BOS, EOS, PAD, max_len_a=1.0, max_len_b=4)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    cfg = ModelConfig(
+        d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64, dropout=0.0,
+        src_vocab_size=30, tgt_vocab_size=30, pad_id=PAD,
+    )  # fmt: skip
+    m = Transformer(cfg).eval()
+    with torch.no_grad():  # a peaky output distribution, so that EOS comes up in short outputs
+        m.tgt_embed.weight.mul_(6.0)
+    return m
+
+
+def sources(n=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(2, 8, (n,), generator=g)
+    src = torch.full((n, int(lengths.max())), PAD)
+    for i, n_i in enumerate(lengths.tolist()):
+        src[i, :n_i] = torch.randint(4, 30, (n_i,), generator=g)
+    return src
+
+
+def uncached_greedy(model, src):
+    """Greedy decoding that re-runs the decoder on the whole prefix at each step."""
+    outs = []
+    for row in src:
+        row = row[row != PAD][None]
+        enc = model.encode(row)
+        ys = [BOS]
+        limit = int(S.max_len_a * row.size(1) + S.max_len_b)
+        for step in range(limit):
+            logits = model.decode(torch.tensor([ys]), enc).logits[0, -1]
+            logits[[PAD, BOS]] = -math.inf
+            nxt = EOS if step + 1 >= limit else int(logits.argmax())
+            if nxt == EOS:
+                break
+            ys.append(nxt)
+        outs.append(ys[1:])
+    return outs
+
+
+def test_cached_greedy_equals_uncached(model):
+    src = sources()
+    assert [h.tokens for h in greedy_search(model, src, S)] == uncached_greedy(model, src)
+
+
+def test_beam_one_equals_greedy(model):
+    src = sources(8, seed=2)
+    greedy = greedy_search(model, src, S)
+    beam = beam_search(model, src, S, beam=1)
+    for g, (b,) in zip(greedy, beam):
+        assert g.tokens == b.tokens
+        assert g.score == pytest.approx(b.score, abs=1e-4)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_batch_equals_one_by_one(model, beam):
+    src = sources(5, seed=3)
+    batched = beam_search(model, src, S, beam=beam, n_best=beam)
+    for i in range(src.size(0)):
+        row = src[i : i + 1, : int((src[i] != PAD).sum())]
+        alone = beam_search(model, row, S, beam=beam, n_best=beam)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in batched[i]]
+        for a, b in zip(alone, batched[i]):
+            assert a.score == pytest.approx(b.score, abs=1e-4)
+    greedy = greedy_search(model, src, S)
+    assert [h.tokens for h in greedy] == [
+        h.tokens for h in (greedy_search(model, src[i : i + 1], S)[0] for i in range(5))
+    ]
+
+
+def test_n_best_is_sorted_and_never_has_pad_or_bos(model):
+    for nbest in beam_search(model, sources(6, seed=4), S, beam=5, n_best=5):
+        assert len(nbest) == 5
+        assert [h.score for h in nbest] == sorted((h.score for h in nbest), reverse=True)
+        for h in nbest:
+            assert PAD not in h.tokens and BOS not in h.tokens and EOS not in h.tokens
+
+
+class TableModel:
+    """A 'model' whose next-token distribution is a fixed table of prefixes:
+    A (0.6) then mostly-flat continuations; B (0.4) then EOS (0.9)."""
+
+    A, B = 4, 5
+    cfg = ModelConfig(src_vocab_size=6, tgt_vocab_size=6, max_positions=32)
+
+    def table(self, prefix: tuple) -> list[float]:
+        p = [1e-9] * 6
+        if prefix == ():
+            p[self.A], p[self.B] = 0.6, 0.4
+        elif prefix == (self.A,):
+            p[EOS], p[self.A], p[self.B] = 0.4, 0.3, 0.3
+        elif prefix == (self.B,):
+            p[EOS], p[self.A] = 0.9, 0.1
+        else:
+            p[EOS] = 1.0
+        return p
+
+    def encode(self, src):
+        return EncoderOutput(src[..., None].float(), src[:, None, None, :] != PAD, None)
+
+    def decode(self, tgt, enc, cache):
+        prev = cache.layers[0].self_kv.k if cache.layers else tgt.new_zeros((tgt.size(0), 1, 0, 1)).float()
+        k = torch.cat([prev, tgt.float()[:, None, :, None]], dim=2)  # the prefix so far
+        prefixes = [tuple(int(t) for t in row[0, 1:, 0]) for row in k]
+        logits = torch.tensor([self.table(p) for p in prefixes]).log()[:, None, :]
+        return DecoderOutput(logits, DecoderCache([LayerCache(KV(k, k), None)]), None, None)
+
+
+def test_beam_finds_the_better_output_that_greedy_misses():
+    m, src = TableModel(), torch.tensor([[7, 7]])
+    settings = SearchSettings(BOS, EOS, PAD, max_len_a=0.0, max_len_b=5)
+    greedy = greedy_search(m, src, settings)[0]
+    best = beam_search(m, src, settings, beam=2)[0][0]
+    assert greedy.tokens == [m.A] and greedy.log_prob == pytest.approx(math.log(0.6 * 0.4))
+    assert best.tokens == [m.B] and best.log_prob == pytest.approx(math.log(0.4 * 0.9))
+    assert best.score > greedy.score

@@ -1,0 +1,100 @@
+"""Training on the toy config: it learns, it is reproducible, it resumes after
+SIGKILL, it runs under DDP on CPU, and config mistakes are clear errors."""
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+import torch
+from conftest import ROOT, metrics, mt_cmd, train_args
+from safetensors.torch import load_file
+
+from mt.cli import main
+
+
+def test_toy_model_learns(toy_run):
+    best = max(float(m["val_bleu"]) for m in metrics(toy_run))
+    assert best > 80.0
+    for name in ("config.yaml", "model.safetensors", "model.json", "spm.model", "checkpoints/best.ckpt"):
+        assert (toy_run / name).exists()
+
+
+def test_same_seed_same_metrics(toy_data, tmp_path):
+    short = ("train.max_steps=40", "train.val_every_steps=20")
+    for name in ("a", "b"):
+        assert main(train_args(toy_data, tmp_path / name, *short)) == 0
+    assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
+    assert len(metrics(tmp_path / "a")) == 2
+
+
+def test_resume_between_epochs_matches_uninterrupted(toy_data, tmp_path):
+    full = ("train.max_steps=-1", "train.max_epochs=3")
+    assert main(train_args(toy_data, tmp_path / "full", *full)) == 0
+    assert main(train_args(toy_data, tmp_path / "split", "train.max_steps=-1", "train.max_epochs=1")) == 0
+    assert main(train_args(toy_data, tmp_path / "split", *full)) == 0  # resumes from last.ckpt
+    assert metrics(tmp_path / "split") == metrics(tmp_path / "full")
+    a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(tmp_path / "split" / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path):
+    """Killed at an arbitrary moment; checkpoints every 7 steps fall mid-epoch."""
+    opts = ("train.max_steps=70", "train.val_every_steps=7", "train.keep_checkpoints=2")
+    assert main(train_args(toy_data, tmp_path / "full", *opts)) == 0
+
+    run = tmp_path / "killed"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        mt_cmd(*train_args(toy_data, run, *opts)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.time() + 120
+    while not list((run / "checkpoints").glob("step=2*.ckpt")) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for ckpt in (run / "checkpoints").glob("*.ckpt"):  # every file is a complete checkpoint
+        torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert main(train_args(toy_data, run, *opts)) == 0
+    assert metrics(run)[-1] == metrics(tmp_path / "full")[-1]
+    a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(run / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ddp_two_processes_on_cpu(toy_data, tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    args = train_args(
+        toy_data, tmp_path / "ddp", "trainer.devices=2", "trainer.strategy=ddp", "trainer.accelerator=cpu",
+        "train.max_steps=-1", "train.max_epochs=1",
+    )  # fmt: skip
+    single = train_args(toy_data, tmp_path / "one", "train.max_steps=-1", "train.max_epochs=1")
+    subprocess.run(mt_cmd(*args), env=env, check=True, capture_output=True, timeout=300)
+    assert main(single) == 0
+    steps_ddp = int(metrics(tmp_path / "ddp")[-1]["step"])
+    steps_one = int(metrics(tmp_path / "one")[-1]["step"])
+    assert steps_ddp == steps_one // 2  # each rank trains on its half of the epoch's batches
+    assert (tmp_path / "ddp" / "model.safetensors").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("train.learning_rate=0.1", "unknown key train.learning_rate"),
+        ("train.max_steps=many", "train.max_steps must be int"),
+        ("model.activation=swish", "model.activation"),
+    ],
+)
+def test_config_errors_are_one_line(toy_data, tmp_path, capsys, override, message):
+    assert main(train_args(toy_data, tmp_path / "r", override)) == 1
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_missing_prepared_data_and_unwritable_run_dir(toy_data, tmp_path, capsys):
+    assert main(train_args(tmp_path / "nothing", tmp_path / "r")) == 1
+    assert "run `mt prepare" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert main(train_args(toy_data, blocker / "run")) == 1
+    assert "not writable" in capsys.readouterr().err
