@@ -78,6 +78,13 @@ def _add_decoding_options(p) -> None:
     p.add_argument("--max-len-a", type=float, default=1.5, help="output length limit a*source_len+b (default 1.5)")
     p.add_argument("--max-len-b", type=int, default=10, help="(default 10)")
     p.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda, cuda:1, ...")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default="float32",
+        help="weights and activations while decoding; bfloat16 is about 2x faster on CPUs with avx512_bf16/AMX "
+        "and on GPUs (search scores stay float32)",
+    )
 
 
 def _translator(args):
@@ -85,7 +92,10 @@ def _translator(args):
 
     if args.beam < 1 or args.batch_size < 1:
         raise MTError("--beam and --batch-size must be at least 1")
+    import torch
+
     model, tok, meta = load(args.model, _device(args.device))
+    model = model.to(getattr(torch, args.dtype))
 
     def warn(msg: str) -> None:
         print(f"mt: warning: {msg}", file=sys.stderr)

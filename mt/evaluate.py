@@ -12,7 +12,7 @@ import yaml
 from mt.corpus import ENV_DATA_DIR, read_lines
 from mt.errors import DataError
 from mt.inference import Translator
-from mt.metrics import bleu, chrf, paper_bleu, signature
+from mt.metrics import paper_bleu, sacrebleu_scores
 from mt.textio import atomic_output
 
 
@@ -66,17 +66,7 @@ def evaluate(
     if len(sources) != len(refs):
         raise DataError(f"{len(sources)} source lines but {len(refs)} references")
     hyps = translator.translate(sources)
-    b, c = bleu(hyps, refs), chrf(hyps, refs)
-    scores = {
-        "test_set": name,
-        "sentences": len(hyps),
-        "beam": translator.beam,
-        "bleu": round(b.score, 2),
-        "bleu_signature": signature("bleu"),
-        "chrf": round(c.score, 2),
-        "chrf_signature": signature("chrf"),
-        "bleu_detail": str(b),
-    }
+    scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, **sacrebleu_scores(hyps, refs)}
     if paper_ref is not None:
         tok_refs = read_lines(paper_ref)
         if len(tok_refs) != len(hyps):

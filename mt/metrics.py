@@ -10,14 +10,15 @@ def bleu(hyps: list[str], refs: list[str]) -> sacrebleu.metrics.bleu.BLEUScore:
     return sacrebleu.corpus_bleu(hyps, [refs])
 
 
-def chrf(hyps: list[str], refs: list[str]) -> sacrebleu.metrics.chrf.CHRFScore:
-    return sacrebleu.corpus_chrf(hyps, [refs])
-
-
-def signature(metric: str) -> str:
-    """sacreBLEU's signature string for the default BLEU or chrF settings."""
-    m = sacrebleu.BLEU() if metric == "bleu" else sacrebleu.CHRF()
-    return str(m.get_signature())
+def sacrebleu_scores(hyps: list[str], refs: list[str]) -> dict:
+    """BLEU and chrF with sacreBLEU's default settings, and their signatures."""
+    out = {}
+    for name, metric in (("bleu", sacrebleu.BLEU()), ("chrf", sacrebleu.CHRF())):
+        score = metric.corpus_score(hyps, [refs])
+        out[name] = round(score.score, 2)
+        out[f"{name}_signature"] = str(metric.get_signature())
+        out[f"{name}_detail"] = str(score)
+    return out
 
 
 def paper_tokenize(lines: list[str], lang: str) -> list[str]:

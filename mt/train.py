@@ -174,7 +174,7 @@ def train(cfg: Config) -> Path:
         max_time={"minutes": t.max_minutes} if t.max_minutes else None,
         gradient_clip_val=t.clip_grad_norm or None,
         accumulate_grad_batches=t.accumulate_grad_batches,
-        logger=CSVLogger(run_dir, name="logs", version=""),
+        logger=CSVLogger(run_dir, name="logs"),  # logs/version_N/metrics.csv, a new N for each (resumed) run
         callbacks=callbacks,
         plugins=[AtomicCheckpointIO()],
         use_distributed_sampler=False,  # TokenBatchSampler shards by rank itself

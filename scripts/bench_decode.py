@@ -2,7 +2,11 @@
 MarianMT model of identical dimensions (random weights), and against
 CTranslate2 on that Marian model converted with CTranslate2's own converter.
 Greedy and beam 5, every output exactly 20 tokens long so the work is equal,
-batch 64, side by side in one run.
+batch 64, side by side in one run. The Marian model follows Marian's
+conventions (pad is an extra last vocabulary entry, which CTranslate2's
+converter drops), so it has 8,001 embeddings to mt's 8,000. Needs the
+prepared Multi30k data (its sentencepiece model serves as Marian's
+tokenizer, which the converter loads, and its test set gives the lengths).
 
     pip install transformers ctranslate2     # benchmark-only dependencies
     python scripts/bench_decode.py [--sentences 1000] [--batch 64]
@@ -66,11 +70,15 @@ def main() -> None:
 
     torch.manual_seed(0)
     data = sources(args.sentences, args.prepared)
+    spm_model = args.prepared / "spm.model"
+    if not spm_model.exists():
+        raise SystemExit(f"{spm_model} missing: run `mt prepare --config configs/multi30k_cpu.yaml` first")
+    marian_pad = V  # Marian's pad: one more entry after the vocabulary
     hf_cfg = MarianConfig(
-        vocab_size=V, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+        vocab_size=V + 1, d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
         decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024, activation_function="relu",
-        max_position_embeddings=256, pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS,
-        decoder_start_token_id=PAD, forced_eos_token_id=None, scale_embedding=True, dropout=0.0,
+        max_position_embeddings=256, pad_token_id=marian_pad, eos_token_id=EOS, bos_token_id=BOS,
+        decoder_start_token_id=marian_pad, forced_eos_token_id=None, scale_embedding=True, dropout=0.0,
     )  # fmt: skip
     hf = MarianMTModel(hf_cfg).eval()
     ours = Transformer(
@@ -87,36 +95,45 @@ def main() -> None:
             pad_id=PAD,
         )  # fmt: skip
     ).eval()
+    ours_bf16 = Transformer(ours.cfg).eval().to(torch.bfloat16)
+    ours_bf16.load_state_dict(ours.state_dict())
 
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir, ct2_dir = Path(tmp) / "marian", Path(tmp) / "ct2"
         hf.save_pretrained(hf_dir)
-        vocab = {f"t{i}": i for i in range(V)} | {"<pad>": PAD, "<unk>": UNK, "<s>": BOS, "</s>": EOS}
+        import sentencepiece as spm
+
+        sp = spm.SentencePieceProcessor(model_file=str(spm_model))
+        pieces = [sp.id_to_piece(i) for i in range(V)]
+        pieces[PAD] = "<unused0>"  # our pad id is an ordinary (never generated) entry for Marian
+        vocab = {p: i for i, p in enumerate(pieces)} | {"<pad>": marian_pad}
         (hf_dir / "vocab.json").write_text(json.dumps(vocab))
-        spec = ctranslate2.converters.TransformersConverter(str(hf_dir), load_as_float16=False)
-        try:
-            spec.convert(str(ct2_dir), force=True)
-        except Exception as e:  # the converter wants a tokenizer; fall back to the vocabulary we wrote
-            raise SystemExit(f"CTranslate2 conversion failed: {e}") from e
+        for name in ("source.spm", "target.spm"):
+            (hf_dir / name).write_bytes(spm_model.read_bytes())
+        ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(ct2_dir), force=True)
         ct2 = {
             q: ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type=q, intra_threads=torch.get_num_threads())
             for q in ("float32", "int8")
         }
 
-        names = {i: n for n, i in vocab.items()}
+        names = dict(enumerate(pieces))
         s = SearchSettings(BOS, EOS, PAD, max_len_a=0.0, max_len_b=OUT_LEN, min_len=OUT_LEN)
         rows = []
         for beam in (1, 5):
 
-            def run_mt(batch, beam=beam):
-                src = padded(batch)
-                return greedy_search(ours, src, s) if beam == 1 else beam_search(ours, src, s, beam=beam)
+            def run_mt(model, beam=beam):
+                def go(batch):
+                    src = padded(batch)
+                    return greedy_search(model, src, s) if beam == 1 else beam_search(model, src, s, beam=beam)
+
+                return go
 
             @torch.no_grad()
             def run_hf(batch, beam=beam):
                 src = padded(batch)
+                mask = src != PAD
                 return hf.generate(
-                    input_ids=src, attention_mask=src != PAD, num_beams=beam, do_sample=False,
+                    input_ids=src.masked_fill(~mask, marian_pad), attention_mask=mask, num_beams=beam, do_sample=False,
                     max_new_tokens=OUT_LEN, min_new_tokens=OUT_LEN, early_stopping=False,
                 )  # fmt: skip
 
@@ -134,7 +151,8 @@ def main() -> None:
                 (
                     "greedy" if beam == 1 else f"beam {beam}",
                     {
-                        "mt": timed(run_mt, data, args.batch),
+                        "mt": timed(run_mt(ours), data, args.batch),
+                        "mt bf16": timed(run_mt(ours_bf16), data, args.batch),
                         "HF": timed(run_hf, data, args.batch),
                         "CT2 fp32": timed(run_ct2(ct2["float32"]), data, args.batch),
                         "CT2 int8": timed(run_ct2(ct2["int8"]), data, args.batch),
@@ -145,11 +163,13 @@ def main() -> None:
         f"{args.sentences} sentences, batch {args.batch}, {OUT_LEN} output tokens each; sentences/s "
         f"(transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}, torch {torch.__version__})"
     )
-    print(f"{'search':<8}{'mt':>8}{'HF':>8}{'CT2 fp32':>10}{'CT2 int8':>10}{'mt/HF':>8}{'mt/CT2 fp32':>13}")
+    print("mt, HF and CT2 fp32 compute in float32; mt bf16 in bfloat16 (scores in float32); CT2 int8 in int8")
+    print(f"{'search':<8}{'mt':>7}{'mt bf16':>9}{'HF':>7}{'CT2 fp32':>10}{'CT2 int8':>10}   ratios")
     for name, r in rows:
         print(
-            f"{name:<8}{r['mt']:>8.0f}{r['HF']:>8.0f}{r['CT2 fp32']:>10.0f}{r['CT2 int8']:>10.0f}"
-            f"{r['mt'] / r['HF']:>7.2f}x{r['mt'] / r['CT2 fp32']:>12.2f}x"
+            f"{name:<8}{r['mt']:>7.0f}{r['mt bf16']:>9.0f}{r['HF']:>7.0f}{r['CT2 fp32']:>10.0f}{r['CT2 int8']:>10.0f}"
+            f"   mt/HF {r['mt'] / r['HF']:.2f}x, mt/CT2 fp32 {r['mt'] / r['CT2 fp32']:.2f}x; "
+            f"mt bf16/HF {r['mt bf16'] / r['HF']:.2f}x, mt bf16/CT2 fp32 {r['mt bf16'] / r['CT2 fp32']:.2f}x"
         )
 
 

@@ -19,7 +19,7 @@ for tgt in de fr; do
     mt evaluate --model $run --split test_2016_flickr --beam 5 --paper
     python - "$run" <<'PY'
 import csv, statistics, sys
-rows = list(csv.DictReader(open(f"{sys.argv[1]}/logs/metrics.csv")))
+rows = [r for p in __import__("glob").glob(f"{sys.argv[1]}/logs/version_*/metrics.csv") for r in csv.DictReader(open(p))]
 tps = [float(r["tok_per_s"]) for r in rows if r.get("tok_per_s")]
 print(f"{sys.argv[1]}: median training tokens/s {statistics.median(tps):.0f}")
 PY

@@ -63,8 +63,11 @@ def train_args(toy_data: Path, run_dir: Path, *overrides: str) -> list[str]:
 
 
 def metrics(run_dir: Path) -> list[dict]:
-    with open(run_dir / "logs" / "metrics.csv") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("val_loss")]
+    """Validation rows of every (resumed) run of a run directory, in order."""
+    rows = []
+    for version in sorted((run_dir / "logs").glob("version_*"), key=lambda p: int(p.name.split("_")[1])):
+        with open(version / "metrics.csv") as f:
+            rows += [r for r in csv.DictReader(f) if r.get("val_loss")]
     return [{k: r[k] for k in ("step", "val_loss", "val_bleu")} for r in rows]
 
 
