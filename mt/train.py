@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -131,6 +132,9 @@ def train(cfg: Config) -> Path:
     for f in tok.files(cfg.data.prepared_path()):
         (run_dir / f.name).write_bytes(f.read_bytes())
 
+    # TranslationDataModule skips the batches a mid-epoch checkpoint already
+    # trained on (its state_dict), which Lightning cannot see: its warning does not apply.
+    warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
     L.seed_everything(t.seed, workers=True, verbose=False)
     dm.setup("fit")
     module = TranslationModule(cfg, tok, dm.split(cfg.data.valid_split).tgt_text)
