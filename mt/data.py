@@ -25,7 +25,7 @@ from torch.utils.data import DataLoader, Sampler
 from mt.config import DataConfig
 from mt.corpus import load_corpus
 from mt.errors import DataError
-from mt.tokenizer import JOINT, SRC, TGT, Tokenizer, train_sentencepiece
+from mt.tokenizer import JOINT, SRC, TGT, Tokenizer, pad_batch, train_sentencepiece
 
 PREPARE_FORMAT = 3  # 2: source ids end with EOS; 3: the summary reports padding
 FINGERPRINT_FIELDS = (
@@ -183,13 +183,6 @@ class Batch:
         return self.tgt_out != self.pad_id
 
 
-def pad(seqs: list[list[int]], pad_id: int) -> Tensor:
-    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out
-
-
 class Collate:
     def __init__(self, src: list[list[int]], tgt: list[list[int]], tok: Tokenizer):
         self.src, self.tgt, self.tok = src, tgt, tok
@@ -197,9 +190,9 @@ class Collate:
     def __call__(self, indices: list[int]) -> Batch:
         t = self.tok
         return Batch(
-            src=pad([self.src[i] for i in indices], t.pad_id),
-            tgt_in=pad([[t.bos_id, *self.tgt[i]] for i in indices], t.pad_id),
-            tgt_out=pad([[*self.tgt[i], t.eos_id] for i in indices], t.pad_id),
+            src=pad_batch([self.src[i] for i in indices], t.pad_id),
+            tgt_in=pad_batch([[t.bos_id, *self.tgt[i]] for i in indices], t.pad_id),
+            tgt_out=pad_batch([[*self.tgt[i], t.eos_id] for i in indices], t.pad_id),
             index=torch.tensor(indices),
             pad_id=t.pad_id,
         )

@@ -22,7 +22,7 @@ from mt.config import ConfigError, ModelConfig
 from mt.errors import ModelDirError
 from mt.model import Transformer
 from mt.search import SearchSettings, beam_search, greedy_search
-from mt.tokenizer import Tokenizer
+from mt.tokenizer import Tokenizer, pad_batch
 
 WEIGHTS, MODEL_JSON = "model.safetensors", "model.json"
 
@@ -111,11 +111,7 @@ class Translator:
                     results[i] = [([], 0.0)] * n_best
             if not nonempty:
                 continue
-            width = max(len(ids[i]) for i in nonempty)
-            src = torch.full((len(nonempty), width), self.tok.pad_id, dtype=torch.long)
-            for row, i in enumerate(nonempty):
-                src[row, : len(ids[i])] = torch.tensor(ids[i])
-            src = src.to(self.device)
+            src = pad_batch([ids[i] for i in nonempty], self.tok.pad_id).to(self.device)
             if self.beam == 1 and n_best == 1:
                 for i, hyp in zip(nonempty, greedy_search(self.model, src, self.settings, self.alpha)):
                     results[i] = [(hyp.tokens, hyp.score)]

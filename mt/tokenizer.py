@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import sentencepiece as spm
+import torch
 
 from mt.errors import ModelDirError
 
@@ -34,6 +35,14 @@ def train_sentencepiece(lines: Iterable[str], prefix: Path, vocab_size: int, mod
         minloglevel=2,
         num_threads=2,
     )
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
+    """Token id lists -> (B, T) tensor, right-padded with ``pad_id``."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    return out
 
 
 class Tokenizer:
