@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mt.linear import Linear
+
 
 def scaled_dot_product_attention(
     q: Tensor,
@@ -87,6 +89,13 @@ class MultiHeadAttention(nn.Module):
       (cross-attention: the source's keys/values are projected once).
 
     The returned ``kv`` is what the next step passes back as ``past``.
+
+    Grouped queries: the query batch may be G times the key/value batch
+    (B*G rows against B); query rows ``i*G .. i*G+G-1`` then attend to key row
+    ``i``. Beam search uses this so that a source's beams share its projected
+    keys and values instead of copying them G times (and reordering the
+    copies at every step). The mask then has one row per key row (B or 1)
+    and no query dimension, as the source padding mask has.
     """
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, impl: str = "auto"):
@@ -99,10 +108,10 @@ class MultiHeadAttention(nn.Module):
         self.d_head = d_model // n_heads
         self.dropout = dropout
         self.impl = impl
-        self.w_q = nn.Linear(d_model, d_model)
-        self.w_k = nn.Linear(d_model, d_model)
-        self.w_v = nn.Linear(d_model, d_model)
-        self.w_o = nn.Linear(d_model, d_model)
+        self.w_q = Linear(d_model, d_model)
+        self.w_k = Linear(d_model, d_model)
+        self.w_v = Linear(d_model, d_model)
+        self.w_o = Linear(d_model, d_model)
         for linear in (self.w_q, self.w_k, self.w_v, self.w_o):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
@@ -138,12 +147,21 @@ class MultiHeadAttention(nn.Module):
                 raise ValueError("key_value=None needs past keys/values to attend to")
             k, v = past
         else:
-            k = self.split_heads(self.w_k(key_value))  # (B, H, T_new, D_h)
-            v = self.split_heads(self.w_v(key_value))
+            # contiguous: the products below would copy these strided views on every use,
+            # and a cached source's keys/values are used at every decoding step
+            k = self.split_heads(self.w_k(key_value)).contiguous()  # (B, H, T_new, D_h)
+            v = self.split_heads(self.w_v(key_value)).contiguous()
             if past is not None:
                 k = torch.cat([past.k, k], dim=2)  # (B, H, T_k, D_h)
                 v = torch.cat([past.v, v], dim=2)
         dropout = self.dropout if self.training else 0.0
+        groups = q.size(0) // k.size(0)
+        if groups * k.size(0) != q.size(0):
+            raise ValueError(f"{q.size(0)} query rows cannot share {k.size(0)} key/value rows evenly")
+        if groups > 1:
+            if mask is not None and (mask.size(-2) != 1 or mask.size(0) not in (1, k.size(0))):
+                raise ValueError("grouped queries need a mask per key row without a query dimension")
+            q = _group(q, groups)  # (B, H, G*T_q, D_h)
 
         if need_weights or not self.use_fused(q.device):
             out, weights = scaled_dot_product_attention(q, k, v, mask, temperature, dropout=dropout)
@@ -157,7 +175,22 @@ class MultiHeadAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
             if has_key is not None:
                 out = out * has_key
+        if groups > 1:
+            out = _ungroup(out, groups)
+            weights = _ungroup(weights, groups) if need_weights else None
         return AttentionOutput(self.w_o(self.merge_heads(out)), weights if need_weights else None, KV(k, v))
+
+
+def _group(x: Tensor, g: int) -> Tensor:
+    """(B*G, H, T, X) -> (B, H, G*T, X): a key row's G query rows side by side."""
+    bg, h, t, d = x.shape
+    return x.view(bg // g, g, h, t, d).transpose(1, 2).reshape(bg // g, h, g * t, d)
+
+
+def _ungroup(x: Tensor, g: int) -> Tensor:
+    """(B, H, G*T, X) -> (B*G, H, T, X), the inverse of ``_group``."""
+    b, h, gt, d = x.shape
+    return x.view(b, h, g, gt // g, d).transpose(1, 2).reshape(b * g, h, gt // g, d)
 
 
 def attention_stats(weights: Tensor, mask: Tensor | None = None, scores: Tensor | None = None) -> dict[str, Tensor]:

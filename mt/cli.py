@@ -80,22 +80,21 @@ def _add_decoding_options(p) -> None:
     p.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda, cuda:1, ...")
     p.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16"],
-        default="float32",
-        help="weights and activations while decoding; bfloat16 is about 2x faster on CPUs with avx512_bf16/AMX "
-        "and on GPUs (search scores stay float32)",
+        choices=["auto", "float32", "bfloat16"],
+        default="auto",
+        help="weights and activations while decoding: auto (default) = bfloat16 where the hardware has it "
+        "natively (GPUs with bf16, CPUs with AVX512-BF16/AMX; about 2x faster, same BLEU in our tests), "
+        "else float32. Search scores stay float32.",
     )
 
 
 def _translator(args):
-    from mt.inference import Translator, load
+    from mt.inference import Translator, decoding_dtype, load
 
     if args.beam < 1 or args.batch_size < 1:
         raise MTError("--beam and --batch-size must be at least 1")
-    import torch
-
     model, tok, meta = load(args.model, _device(args.device))
-    model = model.to(getattr(torch, args.dtype))
+    model = model.to(decoding_dtype(args.dtype, next(model.parameters()).device))
 
     def warn(msg: str) -> None:
         print(f"mt: warning: {msg}", file=sys.stderr)
@@ -201,7 +200,8 @@ def _run_evaluate(args) -> None:
         print(json.dumps(scores, indent=2))
     else:
         print(
-            f"{name}: BLEU {scores['bleu']}  chrF {scores['chrf']}  (beam {args.beam}, {scores['sentences']} sentences)"
+            f"{name}: BLEU {scores['bleu']}  chrF {scores['chrf']}  "
+            f"(beam {args.beam}, {scores['sentences']} sentences, {scores['dtype']})"
         )
         print(f"  {scores['bleu_detail']}")
         print(f"  BLEU signature: {scores['bleu_signature']}")

@@ -66,7 +66,9 @@ def evaluate(
     if len(sources) != len(refs):
         raise DataError(f"{len(sources)} source lines but {len(refs)} references")
     hyps = translator.translate(sources)
-    scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, **sacrebleu_scores(hyps, refs)}
+    dtype = str(next(translator.model.parameters()).dtype).removeprefix("torch.")
+    scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, "dtype": dtype}
+    scores |= sacrebleu_scores(hyps, refs)
     if paper_ref is not None:
         tok_refs = read_lines(paper_ref)
         if len(tok_refs) != len(hyps):

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from mt.attention import KV, MultiHeadAttention
 from mt.config import ModelConfig
+from mt.linear import Linear, linear
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
@@ -70,16 +71,18 @@ class Dropout(nn.Module):
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.activation = F.gelu if cfg.activation == "gelu" else F.relu
+        self.w_1 = Linear(cfg.d_model, cfg.d_ff)
+        self.w_2 = Linear(cfg.d_ff, cfg.d_model)
+        self.relu = cfg.activation == "relu"
         self.dropout = Dropout(cfg.dropout)
-        for linear in (self.w_1, self.w_2):
-            nn.init.xavier_uniform_(linear.weight)
-            nn.init.zeros_(linear.bias)
+        for layer in (self.w_1, self.w_2):
+            nn.init.xavier_uniform_(layer.weight)
+            nn.init.zeros_(layer.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.w_2(self.dropout(self.activation(self.w_1(x))))  # (B, T, D)
+        # ReLU is fused into the product where the oneDNN path applies
+        h = linear(x, self.w_1.weight, self.w_1.bias, relu=True) if self.relu else F.gelu(self.w_1(x))
+        return self.w_2(self.dropout(h))  # (B, T, D)
 
 
 class Sublayer(nn.Module):

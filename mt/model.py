@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mt.config import ModelConfig
 from mt.layers import DecoderLayer, Dropout, EncoderLayer, LayerCache, PositionalEncoding
+from mt.linear import linear
 from mt.masks import causal_mask, padding_mask
 
 
@@ -35,7 +35,10 @@ class DecoderCache:
 
     Starts empty; each ``Transformer.decode`` call returns the grown cache.
     ``reorder`` follows beam search's choice of hypotheses with one
-    ``index_select`` per tensor.
+    ``index_select`` per tensor. The source's keys/values may have fewer rows
+    than the target's (a source shared by its beams, see grouped queries in
+    ``mt.attention``): they are left as they are unless ``source_index``
+    picks source rows too (to drop finished sentences).
     """
 
     layers: list[LayerCache] = field(default_factory=list)
@@ -47,11 +50,16 @@ class DecoderCache:
             return 0
         return self.layers[0].self_kv.k.size(2)
 
-    def reorder(self, index: Tensor) -> DecoderCache:
-        def pick(kv):
-            return None if kv is None else type(kv)(kv.k.index_select(0, index), kv.v.index_select(0, index))
+    def reorder(self, index: Tensor, source_index: Tensor | None = None) -> DecoderCache:
+        """index: the target rows to keep, in their new order; source_index:
+        the source rows to keep (default: all, unchanged)."""
 
-        return DecoderCache([LayerCache(pick(c.self_kv), pick(c.cross_kv)) for c in self.layers])
+        def pick(kv, rows):
+            return (
+                kv if kv is None or rows is None else type(kv)(kv.k.index_select(0, rows), kv.v.index_select(0, rows))
+            )
+
+        return DecoderCache([LayerCache(pick(c.self_kv, index), pick(c.cross_kv, source_index)) for c in self.layers])
 
 
 class DecoderOutput(NamedTuple):
@@ -151,7 +159,7 @@ class Transformer(nn.Module):
 
     def project(self, states: Tensor) -> Tensor:
         """Decoder states (B, T_t, D) -> logits (B, T_t, V)."""
-        return F.linear(states, self.output_weight)
+        return linear(states, self.output_weight)
 
     def hidden(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing up to the output projection: (B, T_t, D). Training

@@ -3,7 +3,7 @@
 Both reuse the model's key/value cache: the source's cross-attention keys
 and values are projected once, decoder self-attention keys/values grow by one
 position per step, and beam search reorders the cache with one
-``index_select`` per tensor. A hypothesis never contains pad or bos, and each
+``index_select`` per tensor. Finished sentences leave the batch. A hypothesis never contains pad or bos, and each
 sentence stops at its own EOS or at ``max_len_a * source_length + max_len_b``
 generated tokens (EOS included).
 """
@@ -60,31 +60,38 @@ def _step_log_probs(logits: Tensor, s: SearchSettings, step: int, force_eos: Ten
 @torch.no_grad()
 def greedy_search(model: Transformer, src: Tensor, s: SearchSettings, alpha: float = 1.0) -> list[Hypothesis]:
     """src: (B, T_s) -> per sentence its most probable next token at each step,
-    scored like beam search (log-probability / length ** alpha)."""
-    b = src.size(0)
+    scored like beam search (log-probability / length ** alpha). Finished
+    sentences leave the batch once they are a quarter of its rows (each
+    removal copies the cache, so not one at a time)."""
+    b, dev = src.size(0), src.device
     enc = model.encode(src)
     limits = max_lengths(src, s, model.cfg.max_positions)
-    tokens = torch.full((b, 1), s.bos_id, dtype=torch.long, device=src.device)
-    finished = torch.zeros(b, dtype=torch.bool, device=src.device)
-    log_prob = torch.zeros(b, device=src.device)
-    length = torch.zeros(b, device=src.device)
+    n_steps = int(limits.max())
+    out = torch.full((b, n_steps), s.pad_id, dtype=torch.long, device=dev)
+    log_prob = torch.zeros(b, device=dev)
+    length = torch.zeros(b, device=dev)
+    sentence = torch.arange(b, device=dev)  # the sentence in each batch row
+    live = torch.ones(b, dtype=torch.bool, device=dev)  # per batch row: still generating
+    tokens = torch.full((b, 1), s.bos_id, dtype=torch.long, device=dev)
     cache = DecoderCache()
-    outputs: list[Tensor] = []
-    for step in range(int(limits.max())):
+    for step in range(n_steps):
         dec = model.decode(tokens, enc, cache)
-        cache = dec.cache
-        logp = _step_log_probs(dec.logits[:, -1], s, step, limits <= step + 1)
-        best, tokens = logp.max(-1, keepdim=True)  # (B, 1)
-        tokens = tokens.masked_fill(finished[:, None], s.pad_id)
-        log_prob += best[:, 0].masked_fill(finished, 0.0)
-        length += (~finished).float()
-        outputs.append(tokens)
-        finished |= tokens[:, 0] == s.eos_id
-        if finished.all():
+        best, tok = _step_log_probs(dec.logits[:, -1], s, step, limits[sentence] <= step + 1).max(-1)  # (N,)
+        rows = sentence[live]
+        out[rows, step] = tok[live]
+        log_prob[rows] += best[live]
+        length[rows] += 1
+        live &= tok != s.eos_id
+        if not live.any():
             break
-    out = torch.cat(outputs, 1).tolist()
+        tokens, cache = tok[:, None], dec.cache
+        if (~live).sum() * 4 >= live.numel():
+            keep = live.nonzero()[:, 0]
+            sentence, live, tokens = sentence[keep], live[keep], tokens[keep]
+            enc = enc.index_select(keep)
+            cache = cache.reorder(keep, source_index=keep)
     scores = (log_prob / length**alpha).tolist()
-    return [Hypothesis(_strip(row, s), score, lp) for row, score, lp in zip(out, scores, log_prob.tolist())]
+    return [Hypothesis(_strip(row, s), score, lp) for row, score, lp in zip(out.tolist(), scores, log_prob.tolist())]
 
 
 def _strip(ids: list[int], s: SearchSettings) -> list[int]:
@@ -100,45 +107,59 @@ def beam_search(
     Each step scores ``beam * V`` continuations per sentence and keeps the
     best ``2 * beam``: those ending in EOS among the top ``beam`` are
     finished (score divided by length ** alpha), the best ``beam`` others
-    continue. A sentence is done once it has ``beam`` finished hypotheses.
+    continue. A sentence is done once it has ``beam`` finished hypotheses,
+    and leaves the batch.
+
+    The first step runs one row per sentence (its beams would all be the
+    same); the cache reorder then fans each row out to ``beam`` rows. The
+    source's keys/values keep one row per sentence throughout: its beams
+    attend to it as a group (see grouped queries in ``mt.attention``).
     """
-    b, k, dev = src.size(0), beam, src.device
+    b, dev = src.size(0), src.device
     if not 1 <= n_best <= beam:
         raise ValueError(f"n_best must be between 1 and the beam size {beam}")
-    enc = model.encode(src).index_select(torch.arange(b, device=dev).repeat_interleave(k))  # B*K rows
-    limits = max_lengths(src, s, model.cfg.max_positions).repeat_interleave(k)  # (B*K,)
-    tokens = torch.full((b * k, 1), s.bos_id, dtype=torch.long, device=dev)  # (B*K, 1 + step)
-    scores = torch.full((b, k), float("-inf"), device=dev)
-    scores[:, 0] = 0.0  # all beams start identical: expand only the first
+    enc = model.encode(src)
+    limits = max_lengths(src, s, model.cfg.max_positions)  # (B,)
+    sentence = torch.arange(b, device=dev)  # original index of each sentence still searching
+    tokens = torch.full((b, 1), s.bos_id, dtype=torch.long, device=dev)  # (N*W, 1 + step)
+    scores = torch.zeros(b, 1, device=dev)  # (N, W): N sentences left, W live beams each
     finished: list[list[Hypothesis]] = [[] for _ in range(b)]
-    done = torch.zeros(b, dtype=torch.bool, device=dev)
     cache = DecoderCache()
-    base = torch.arange(b, device=dev)[:, None] * k  # (B, 1) first row of each sentence
     for step in range(int(limits.max())):
+        n, width = scores.shape
         dec = model.decode(tokens[:, -1:], enc, cache)
-        logp = _step_log_probs(dec.logits[:, -1], s, step, limits <= step + 1)  # (B*K, V)
+        at_limit = (limits[sentence] <= step + 1).repeat_interleave(width)
+        logp = _step_log_probs(dec.logits[:, -1], s, step, at_limit)  # (N*W, V)
         vocab = logp.size(-1)
-        cand = (scores.view(-1, 1) + logp).view(b, k * vocab)  # (B, K*V)
-        top_scores, top_idx = cand.topk(2 * k, dim=1)  # (B, 2K)
-        top_beam, top_tok = top_idx // vocab, top_idx % vocab
+        cand = (scores.view(-1, 1) + logp).view(n, width * vocab)  # (N, W*V)
+        top_scores, top_idx = cand.topk(min(2 * beam, width * vocab), dim=1)  # (N, C)
+        top_row = torch.arange(n, device=dev)[:, None] * width + top_idx // vocab  # (N, C) rows of tokens
+        top_tok = top_idx % vocab
         is_eos = top_tok == s.eos_id
 
-        new_final = is_eos[:, :k] & torch.isfinite(top_scores[:, :k]) & ~done[:, None]
+        new_final = is_eos[:, :beam] & torch.isfinite(top_scores[:, :beam])
+        done = torch.zeros(n, dtype=torch.bool, device=dev)
         if new_final.any():
             penalty = float(step + 1) ** alpha
             for i, j in new_final.nonzero().tolist():
-                row = int(base[i, 0] + top_beam[i, j])
-                lp = float(top_scores[i, j])
-                if len(finished[i]) < k:
-                    finished[i].append(Hypothesis(tokens[row, 1:].tolist(), lp / penalty, lp))
-            done |= torch.tensor([len(f) >= k for f in finished], device=dev)
-        if done.all():
-            break
+                hyps = finished[int(sentence[i])]
+                if len(hyps) < beam:
+                    lp = float(top_scores[i, j])
+                    hyps.append(Hypothesis(tokens[int(top_row[i, j]), 1:].tolist(), lp / penalty, lp))
+            done = torch.tensor([len(finished[i]) >= beam for i in sentence.tolist()], device=dev)
+            if done.all():
+                break
 
-        # the best `beam` continuations that do not end here
-        next_scores, pos = top_scores.masked_fill(is_eos, float("-inf")).topk(k, dim=1)  # (B, K)
-        rows = (base + top_beam.gather(1, pos)).view(-1)  # (B*K,)
-        tokens = torch.cat([tokens[rows], top_tok.gather(1, pos).view(-1, 1)], dim=1)
-        cache = dec.cache.reorder(rows)
-        scores = next_scores.masked_fill(done[:, None], float("-inf"))
+        # the best `beam` continuations that do not end here, of the sentences left
+        next_scores, pos = top_scores.masked_fill(is_eos, float("-inf")).topk(min(beam, top_idx.size(1)), dim=1)
+        rows, next_tok = top_row.gather(1, pos), top_tok.gather(1, pos)  # (N, W')
+        keep = None
+        if done.any():
+            keep = (~done).nonzero()[:, 0]
+            rows, next_tok, next_scores, sentence = rows[keep], next_tok[keep], next_scores[keep], sentence[keep]
+            enc = enc.index_select(keep)
+        rows = rows.view(-1)
+        tokens = torch.cat([tokens[rows], next_tok.view(-1, 1)], dim=1)
+        cache = dec.cache.reorder(rows, source_index=keep)
+        scores = next_scores
     return [sorted(f, key=lambda h: -h.score)[:n_best] for f in finished]

@@ -2,7 +2,8 @@
 dimensions, on identical Multi30k-shaped batches, same loss (label-smoothed
 cross-entropy) and optimiser (AdamW), fp32 and bf16 autocast, side by side in
 one run. Prints target tokens/s, the ratio, FLOPs per step and MFU against a
-matmul peak measured in the same run.
+matmul peak measured in the same run (the faster of torch.mm and oneDNN, see
+mt.linear.matmul_peak).
 
     python scripts/bench_train.py [--steps 10] [--tokens 4096] [--prepared data/prepared/multi30k.en-de]
 """
@@ -20,6 +21,7 @@ from torch import nn
 
 from mt.config import ModelConfig
 from mt.layers import sinusoidal_table
+from mt.linear import matmul_peak
 from mt.loss import linear_cross_entropy
 from mt.model import Transformer
 
@@ -83,15 +85,6 @@ def model_flops(cfg: ModelConfig, src: torch.Tensor, tgt: torch.Tensor) -> float
     )
     out = 2 * b * tt * d * v
     return 3.0 * (enc + dec + out)
-
-
-def matmul_peak(dtype: torch.dtype, n: int = 2048, reps: int = 10) -> float:
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b
-    t = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    return 2 * n**3 * reps / (time.perf_counter() - t)
 
 
 def run(kind: str, cfg: ModelConfig, data, bf16: bool) -> float:

@@ -163,6 +163,31 @@ def test_cached_kv_appends_and_reuses():
     torch.testing.assert_close(again, full)
 
 
+@pytest.mark.parametrize("impl", ["explicit", "fused"])
+def test_grouped_queries_equal_repeated_keys(impl):
+    """B*G query rows against B key rows == each key row repeated G times."""
+    torch.manual_seed(6)
+    mha = MultiHeadAttention(16, 2, impl=impl).eval()
+    g, memory = 3, torch.randn(2, 5, 16)
+    mask = padding_mask(torch.tensor([[1] * 5, [1] * 2 + [0] * 3]), 0)  # (2, 1, 1, 5)
+    queries = torch.randn(2 * g, 4, 16)
+    grouped = mha(queries, memory, mask, need_weights=True)
+    repeat = torch.arange(2).repeat_interleave(g)
+    expected = mha(queries, memory[repeat], mask[repeat], need_weights=True)
+    torch.testing.assert_close(grouped.output, expected.output)
+    torch.testing.assert_close(grouped.weights, expected.weights)
+    assert grouped.kv.k.size(0) == 2  # the keys were projected for 2 rows, not 6
+    # with cached source keys (key_value=None), as in decoding
+    again = mha(queries[:, :1], None, mask, past=grouped.kv)
+    torch.testing.assert_close(again.output, expected.output[:, :1])
+    if impl == "fused":
+        torch.testing.assert_close(mha(queries, memory, mask).output, expected.output)
+    with pytest.raises(ValueError, match="evenly"):
+        mha(torch.randn(5, 1, 16), memory, mask)
+    with pytest.raises(ValueError, match="per key row"):
+        mha(queries, memory, mask & causal_mask(4, 5))
+
+
 def test_masks_shapes():
     tokens = torch.tensor([[5, 6, 0], [7, 0, 0]])
     assert padding_mask(tokens, 0).shape == (2, 1, 1, 3)

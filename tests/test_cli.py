@@ -1,5 +1,6 @@
 """translate, evaluate and attention on a trained toy model."""
 
+import copy
 import itertools
 import math
 import os
@@ -13,7 +14,7 @@ from conftest import ROOT
 
 from mt.cli import main
 from mt.data import Split
-from mt.inference import Translator, load
+from mt.inference import Translator, decoding_dtype, load
 from mt.inspect import alignment, force_decode, pharaoh, translate_with_attention
 from mt.metrics import bleu
 from mt.plotting import heatmap_grid, save_figure
@@ -38,6 +39,20 @@ def test_translations_are_good_and_beam_matches_batching(toy_model, toy_test):
     assert bleu(hyps, ref).score > 80
     one_by_one = [Translator(model, tok, beam=5).translate([s])[0] for s in src[:10]]
     assert one_by_one == hyps[:10]
+
+
+def test_decoding_dtype_and_bfloat16_translations(toy_model, toy_test):
+    cpu = torch.device("cpu")
+    assert decoding_dtype("float32", cpu) == torch.float32
+    assert decoding_dtype("bfloat16", cpu) == torch.bfloat16
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert decoding_dtype("auto", cpu) == (torch.bfloat16 if native else torch.float32)
+    model, tok, _ = toy_model
+    src, ref = toy_test
+    fp32 = Translator(model, tok, beam=5).translate(src[:100])
+    bf16 = Translator(copy.deepcopy(model).to(torch.bfloat16), tok, beam=5).translate(src[:100])
+    assert bleu(bf16, ref[:100]).score > 80
+    assert sum(a == b for a, b in zip(fp32, bf16)) >= 90  # bfloat16 rounding may flip a few close calls
 
 
 def test_translate_cli_one_line_per_line(toy_run, toy_model, toy_test, tmp_path, capsys):
@@ -138,6 +153,7 @@ def test_evaluate_writes_scores(toy_run, toy_test, tmp_path, capsys):
     scores = json.loads(capsys.readouterr().out)
     assert scores["bleu"] > 80 and scores["paper_bleu"] > 80 and scores["chrf"] > 80
     assert scores["bleu_signature"].startswith("nrefs:1")
+    assert scores["dtype"] in ("float32", "bfloat16")
     assert (toy_run / "eval" / "t.beam5.json").exists()
     hyp = (toy_run / "eval" / "t.beam5.hyp").read_text().splitlines()
     assert len(hyp) == len(src)

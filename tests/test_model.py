@@ -86,7 +86,7 @@ def test_cache_reorder_follows_batch_index(model):
     enc = model.encode(src)
     cache = model.decode(tgt, enc, DecoderCache()).cache
     index = torch.tensor([2, 0, 0])
-    reordered = cache.reorder(index)
+    reordered = cache.reorder(index, source_index=index)
     nxt = tokens(3, 1)
     a = model.decode(nxt, enc.index_select(index), reordered).logits
     b = model.decode(torch.cat([tgt[index], nxt], 1), enc.index_select(index)).logits[:, -1:]

@@ -1,0 +1,71 @@
+"""Linear layers that run inference through oneDNN on x86 CPUs.
+
+On CPU, ``F.linear`` in float32 goes to the BLAS PyTorch ships with (MKL). On
+the AMD EPYC machines we develop on, oneDNN's float32 matrix products were
+1.3-2.3x faster at decoding shapes (64-960 rows, 256-8000 columns; see README,
+Benchmarks) and somewhat faster in bfloat16 too. PyTorch only exposes that path
+as a private operator without a backward, so it serves inference only: no
+gradient needed, no autocast, a CPU tensor in float32 or bfloat16. Everything
+else (training, CUDA, other CPUs) takes ``F.linear``. Results agree with
+``F.linear`` to float rounding (tests).
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+_ONEDNN = (
+    platform.machine().lower() in ("x86_64", "amd64")
+    and torch.backends.mkldnn.is_available()
+    and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+)
+use_onednn = _ONEDNN  #: set to False to measure or rule out the oneDNN path
+
+
+def _onednn_applies(x: Tensor, weight: Tensor) -> bool:
+    return (
+        use_onednn
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype
+        and x.dtype in (torch.float32, torch.bfloat16)
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = False) -> Tensor:
+    """``F.linear(x, weight, bias)``, followed by ReLU if ``relu``. x: (..., D_in) -> (..., D_out)"""
+    if _onednn_applies(x, weight):
+        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "relu" if relu else "none", [], "")
+    y = F.linear(x, weight, bias)
+    return F.relu(y) if relu else y
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` whose forward is ``mt.linear.linear``: same parameters and state dict."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+
+def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5) -> float:
+    """FLOP/s of an n x n matrix product in ``dtype`` on this CPU: the faster
+    of PyTorch's BLAS (``torch.mm``) and the oneDNN path, best of ``reps``.
+    The benchmarks' peak for MFU and speed ceilings."""
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    products = [lambda: a @ b]
+    if _ONEDNN:
+        products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
+    best = float("inf")
+    for product in products:
+        product()  # warm-up
+        for _ in range(reps):
+            start = time.perf_counter()
+            product()
+            best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
