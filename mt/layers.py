@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from mt.attention import KV, MultiHeadAttention
 from mt.config import ModelConfig
-from mt.linear import Linear, linear
+from mt.linear import Linear
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
@@ -81,7 +81,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # ReLU is fused into the product where the oneDNN path applies
-        h = linear(x, self.w_1.weight, self.w_1.bias, relu=True) if self.relu else F.gelu(self.w_1(x))
+        h = self.w_1(x, relu=True) if self.relu else F.gelu(self.w_1(x))
         return self.w_2(self.dropout(h))  # (B, T, D)
 
 

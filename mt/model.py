@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from mt.config import ModelConfig
 from mt.layers import DecoderLayer, Dropout, EncoderLayer, LayerCache, PositionalEncoding
-from mt.linear import linear
+from mt.linear import PackedWeight, linear
 from mt.masks import causal_mask, padding_mask
 
 
@@ -96,6 +96,7 @@ class Transformer(nn.Module):
         if self.output is not None:
             nn.init.xavier_uniform_(self.output.weight)
         self.embed_scale = math.sqrt(d)
+        self.packed_output = PackedWeight()  # the output weight in oneDNN's layout, for decoding
 
     def num_parameters(self) -> int:
         """Trainable parameters, each shared tensor counted once."""
@@ -159,7 +160,7 @@ class Transformer(nn.Module):
 
     def project(self, states: Tensor) -> Tensor:
         """Decoder states (B, T_t, D) -> logits (B, T_t, V)."""
-        return linear(states, self.output_weight)
+        return linear(states, self.output_weight, packed=self.packed_output)
 
     def hidden(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing up to the output projection: (B, T_t, D). Training

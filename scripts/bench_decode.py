@@ -15,6 +15,7 @@ tokenizer, which the converter loads, and its test set gives the lengths).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import sys
 import tempfile
@@ -125,14 +126,19 @@ def main() -> None:
 
             return go
 
-        @torch.no_grad()
-        def run_hf(batch, beam):
-            src = padded(batch)
-            mask = src != PAD
-            return hf.generate(
-                input_ids=src.masked_fill(~mask, marian_pad), attention_mask=mask, num_beams=beam, do_sample=False,
-                max_new_tokens=OUT_LEN, min_new_tokens=OUT_LEN, early_stopping=False,
-            )  # fmt: skip
+        hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
+
+        def run_hf(model):
+            @torch.no_grad()
+            def go(batch, beam):
+                src = padded(batch)
+                mask = src != PAD
+                return model.generate(
+                    input_ids=src.masked_fill(~mask, marian_pad), attention_mask=mask, num_beams=beam, do_sample=False,
+                    max_new_tokens=OUT_LEN, min_new_tokens=OUT_LEN, early_stopping=False,
+                )  # fmt: skip
+
+            return go
 
         def run_ct2(compute_type):
             # A live CTranslate2 translator that has run slows PyTorch down by ~20% on this
@@ -153,7 +159,8 @@ def main() -> None:
         engines = {  # name -> a function that sets the engine up and returns its batch translator
             "mt fp32": lambda: run_mt(ours),
             "mt bf16": lambda: run_mt(ours_bf16),
-            "HF fp32": lambda: run_hf,
+            "HF fp32": lambda: run_hf(hf),
+            "HF bf16": lambda: run_hf(hf_bf16),
             "CT2 fp32": lambda: run_ct2("float32"),
             "CT2 int8": lambda: run_ct2("int8"),
         }
@@ -167,28 +174,28 @@ def main() -> None:
                     del fn
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
-    peak = matmul_peak()
+    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
     src_tokens = sum(map(len, data)) / len(data)
+    searches = {1: "greedy", 5: "beam 5"}
     print(
         f"{args.sentences} sentences, batch {args.batch}, {OUT_LEN} output tokens each; sentences/s, best of "
         f"{args.rounds} rounds (transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}, "
         f"torch {torch.__version__})"
     )
-    print(f"{'search':<8}" + "".join(f"{name:>10}" for name in engines) + f"{'fp32 ceiling':>14}   ratios")
-    for beam in (1, 5):
-        r = {name: best[beam, name] for name in engines}
-        ceiling = peak / flops_per_sentence(src_tokens, beam)
-        print(
-            f"{'greedy' if beam == 1 else f'beam {beam}':<8}"
-            + "".join(f"{r[name]:>10.0f}" for name in engines)
-            + f"{ceiling:>14.0f}   mt fp32/HF {r['mt fp32'] / r['HF fp32']:.2f}x, "
-            f"mt fp32/CT2 fp32 {r['mt fp32'] / r['CT2 fp32']:.2f}x; mt bf16/HF {r['mt bf16'] / r['HF fp32']:.2f}x, "
-            f"mt bf16/CT2 fp32 {r['mt bf16'] / r['CT2 fp32']:.2f}x"
-        )
+    print(f"{'':<22}" + "".join(f"{searches[beam]:>9}" for beam in searches))
+    for name in engines:
+        print(f"{name:<22}" + "".join(f"{best[beam, name]:>9.0f}" for beam in searches))
+    for precision, peak in peaks.items():
+        ceilings = (peak / flops_per_sentence(src_tokens, beam) for beam in searches)
+        print(f"{precision + ' ceiling':<22}" + "".join(f"{c:>9.0f}" for c in ceilings))
+    print("ratios")
+    for a, b in (("mt fp32", "HF fp32"), ("mt fp32", "CT2 fp32"), ("mt bf16", "HF fp32"), ("mt bf16", "HF bf16"),
+                 ("mt bf16", "CT2 fp32")):  # fmt: skip
+        print(f"{a + ' / ' + b:<22}" + "".join(f"{best[beam, a] / best[beam, b]:>8.2f}x" for beam in searches))
     print(
-        f"fp32 ceiling: sentences/s if every matrix product ran at the fp32 matmul peak measured here "
-        f"({peak / 1e9:.0f} GFLOP/s) and nothing else took time; mt bf16 computes in bfloat16 (search scores in "
-        "float32), CT2 int8 in int8, the others in float32"
+        "fp32/bf16 ceiling: sentences/s if every matrix product ran at the matmul peak measured here "
+        f"({peaks['fp32'] / 1e9:.0f} / {peaks['bf16'] / 1e9:.0f} GFLOP/s) and nothing else took time. "
+        "mt bf16 keeps search scores in float32; CT2 int8 computes in int8."
     )
 
 

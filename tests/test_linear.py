@@ -1,0 +1,64 @@
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from mt import linear as lin
+from mt.linear import Linear, PackedWeight, linear
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("relu", [False, True])
+def test_linear_matches_f_linear(dtype, relu):
+    torch.manual_seed(0)
+    x, w, b = torch.randn(3, 5, 32, dtype=dtype), torch.randn(48, 32, dtype=dtype), torch.randn(48, dtype=dtype)
+    expected = F.linear(x.float(), w.float(), b.float())
+    expected = F.relu(expected) if relu else expected
+    tol = 1e-4 if dtype == torch.float32 else 0.1
+    packed = PackedWeight()
+    with torch.no_grad():
+        for _ in range(2):  # the second call reuses the packed weight
+            torch.testing.assert_close(linear(x, w, b, relu, packed).float(), expected, rtol=tol, atol=tol)
+        strided = linear(x.transpose(0, 1), w, b, relu).float()
+        torch.testing.assert_close(strided, expected.transpose(0, 1), rtol=tol, atol=tol)
+        no_bias = F.linear(x.float(), w.float())
+        torch.testing.assert_close(linear(x, w).float(), no_bias, rtol=tol, atol=tol)
+
+
+def test_packed_weight_follows_weight_changes():
+    torch.manual_seed(1)
+    layer = Linear(16, 8).eval()
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        first = layer(x)
+        layer.weight.mul_(2.0)  # in place: same storage, new version
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(layer(x), first)
+        layer.load_state_dict({"weight": torch.randn(8, 16), "bias": torch.zeros(8)})
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        half = layer.to(torch.bfloat16)
+        torch.testing.assert_close(half(x.bfloat16()).float(), F.linear(x, layer.weight.float()), rtol=0.1, atol=0.1)
+    clone = copy.deepcopy(layer)  # copies and pickles start with an empty pack
+    assert clone.packed.tensor is None
+    assert pickle.loads(pickle.dumps(layer)).packed.tensor is None
+
+
+def test_training_path_has_gradients():
+    torch.manual_seed(2)
+    layer = Linear(8, 4)
+    x = torch.randn(3, 8, requires_grad=True)
+    layer(x, relu=True).sum().backward()
+    assert x.grad is not None and layer.weight.grad is not None and layer.bias.grad is not None
+    assert layer.packed.tensor is None  # training never packs
+
+
+def test_onednn_switch_gives_the_same_result(monkeypatch):
+    torch.manual_seed(3)
+    layer = Linear(32, 32).eval()
+    x = torch.randn(10, 32)
+    with torch.no_grad():
+        fast = layer(x)
+        monkeypatch.setattr(lin, "use_onednn", False)
+        torch.testing.assert_close(layer(x), fast, rtol=1e-5, atol=1e-5)
