@@ -3,9 +3,9 @@
 Both reuse the model's key/value cache: the source's cross-attention keys
 and values are projected once, decoder self-attention keys/values grow by one
 position per step, and beam search reorders the cache with one
-``index_select`` per tensor. Finished sentences leave the batch. A hypothesis never contains pad or bos, and each
+``index_select`` per tensor. A hypothesis never contains pad or bos, and each
 sentence stops at its own EOS or at ``max_len_a * source_length + max_len_b``
-generated tokens (EOS included).
+generated tokens (EOS included); finished sentences leave the batch.
 """
 
 from __future__ import annotations
