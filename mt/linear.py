@@ -23,6 +23,7 @@ _ONEDNN = (
     platform.machine().lower() in ("x86_64", "amd64")
     and torch.backends.mkldnn.is_available()
     and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+    and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 )
 use_onednn = _ONEDNN  #: set to False to measure or rule out the oneDNN path
 
@@ -68,7 +69,7 @@ def linear(
     """``F.linear(x, weight, bias)``, followed by ReLU if ``relu``. x: (..., D_in) -> (..., D_out).
     ``packed`` keeps the weight in oneDNN's layout between calls."""
     if _onednn_applies(x, weight):
-        w = packed.get(weight, x.numel() // x.size(-1)) if packed is not None else weight
+        w = packed.get(weight, max(1, x.numel() // x.size(-1))) if packed is not None else weight
         return torch.ops.mkldnn._linear_pointwise(x, w, bias, "relu" if relu else "none", [], "")
     y = F.linear(x, weight, bias)
     return F.relu(y) if relu else y
