@@ -2,7 +2,7 @@
 MarianMT model of identical dimensions (random weights), and against
 CTranslate2 on that Marian model converted with CTranslate2's own converter.
 Greedy and beam 5, every output exactly 20 tokens long so the work is equal,
-batch 64, side by side in one run. The Marian model follows Marian's
+batch 64, in one run whose rounds give each engine a turn. The Marian model follows Marian's
 conventions (pad is an extra last vocabulary entry, which CTranslate2's
 converter drops), so it has 8,001 embeddings to mt's 8,000. Needs the
 prepared Multi30k data (its sentencepiece model serves as Marian's
