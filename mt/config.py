@@ -101,7 +101,8 @@ class DataConfig:
     tgt_lang: str = "de"
     train_split: str = "train"
     valid_split: str = "val"
-    prepared_dir: str | None = None  #: default data/prepared/<corpus>.<src>-<tgt>
+    prepared_dir: str | None = None  #: default data/prepared/<corpus>.<src>-<tgt>[.paper]
+    text: str = "raw"  #: raw | paper (lowercased, Moses-normalised and -tokenized, as Multi30k papers train)
     vocab_size: int = 8000  #: sentencepiece vocabulary size (each, when not joint)
     joint_vocab: bool = True  #: one sentencepiece model for both languages
     spm_model_type: str = "bpe"  #: bpe | unigram
@@ -114,6 +115,7 @@ class DataConfig:
             self.source in ("auto", "local", "download", "hf", "toy"), "data.source", f"unknown source {self.source!r}"
         )
         _check(self.spm_model_type in ("bpe", "unigram"), "data.spm_model_type", "must be bpe or unigram")
+        _check(self.text in ("raw", "paper"), "data.text", f"unknown text mode {self.text!r} (raw or paper)")
         _check(self.src_lang != self.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
         for name in ("vocab_size", "max_len", "max_tokens"):
             _check(getattr(self, name) > 0, f"data.{name}", "must be positive")
@@ -125,7 +127,8 @@ class DataConfig:
         return f"{self.src_lang}-{self.tgt_lang}"
 
     def prepared_path(self) -> Path:
-        return Path(self.prepared_dir or f"data/prepared/{self.corpus}.{self.pair}")
+        suffix = "" if self.text == "raw" else f".{self.text}"
+        return Path(self.prepared_dir or f"data/prepared/{self.corpus}.{self.pair}{suffix}")
 
 
 @dataclass

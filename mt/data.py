@@ -25,11 +25,12 @@ from torch.utils.data import DataLoader, Sampler
 from mt.config import DataConfig
 from mt.corpus import load_corpus
 from mt.errors import DataError
-from mt.tokenizer import JOINT, SRC, TGT, Tokenizer, pad_batch, train_sentencepiece
+from mt.tokenizer import JOINT, SRC, TGT, TextNormalizer, Tokenizer, pad_batch, train_sentencepiece, write_text_config
 
 PREPARE_FORMAT = 3  # 2: source ids end with EOS; 3: the summary reports padding
 FINGERPRINT_FIELDS = (
-    "src_lang", "tgt_lang", "train_split", "vocab_size", "joint_vocab", "spm_model_type", "max_len", "max_ratio",
+    "src_lang", "tgt_lang", "train_split", "text", "vocab_size", "joint_vocab", "spm_model_type", "max_len",
+    "max_ratio",
 )  # fmt: skip
 
 
@@ -40,13 +41,14 @@ def _fingerprint(cfg: DataConfig, corpus_fp: str) -> str:
 
 
 def _train_tokenizer(cfg: DataConfig, src: list[str], tgt: list[str], out: Path) -> Tokenizer:
-    src = [s for s in src if s.strip()]
-    tgt = [t for t in tgt if t.strip()]
+    src = [s for s in TextNormalizer(cfg.text, cfg.src_lang).normalize(src) if s.strip()]
+    tgt = [t for t in TextNormalizer(cfg.text, cfg.tgt_lang).normalize(tgt) if t.strip()]
     if cfg.joint_vocab:
         train_sentencepiece(src + tgt, out / JOINT.removesuffix(".model"), cfg.vocab_size, cfg.spm_model_type)
     else:
         train_sentencepiece(src, out / SRC.removesuffix(".model"), cfg.vocab_size, cfg.spm_model_type)
         train_sentencepiece(tgt, out / TGT.removesuffix(".model"), cfg.vocab_size, cfg.spm_model_type)
+    write_text_config(out, cfg.text, cfg.src_lang, cfg.tgt_lang)
     return Tokenizer.load(out)
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from mt.config import DataConfig
 from mt.corpus import ENV_DATA_DIR, read_lines
 from mt.errors import DataError
 from mt.inference import Translator
@@ -25,9 +26,13 @@ def split_texts(run_dir: Path, split: str) -> tuple[list[str], list[str], dict]:
     """Source and reference lines of a split, from the raw corpus the run was prepared from."""
     data = run_config(run_dir).get("data", {})
     local = data.get("local_dir") or os.environ.get(ENV_DATA_DIR)
-    prepared = Path(
-        data.get("prepared_dir") or f"data/prepared/{data.get('corpus')}.{data.get('src_lang')}-{data.get('tgt_lang')}"
-    )
+    try:
+        if not data:
+            raise ValueError("missing")
+        prepared = DataConfig(**data).prepared_path()
+    except (TypeError, ValueError) as e:  # no config.yaml, or one this version cannot read
+        where = run_dir / "config.yaml"
+        raise DataError(f"{where}: no usable data section ({e}); give --src FILE --ref FILE") from None
     if (prepared / split).is_dir():
         from mt.data import Split
 
@@ -68,7 +73,7 @@ def evaluate(
     hyps = translator.translate(sources)
     dtype = str(next(translator.model.parameters()).dtype).removeprefix("torch.")
     scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, "dtype": dtype}
-    scores |= sacrebleu_scores(hyps, refs)
+    scores |= sacrebleu_scores(hyps, refs, lowercase=translator.tok.lowercase)
     if paper_ref is not None:
         tok_refs = read_lines(paper_ref)
         if len(tok_refs) != len(hyps):

@@ -155,4 +155,5 @@ class Translator:
 
     def _run(self, lines: list[str], first: int, n_best: int) -> Iterator[list[tuple[str, float]]]:
         for nbest in self.translate_ids(self.encode(lines, first), n_best):
-            yield [(self.tok.tgt.decode(ids), score) for ids, score in nbest]
+            texts = self.tok.decode_tgt([ids for ids, _ in nbest])
+            yield list(zip(texts, [score for _, score in nbest]))

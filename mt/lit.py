@@ -82,7 +82,8 @@ class TranslationModule(L.LightningModule):
         self.log("val_ppl", math.exp(min(nll, 50.0)))
         if self._val_hyps:
             hyps = self.tok.decode_tgt([self._val_hyps[i] for i in range(len(self.val_refs))])
-            self.log("val_bleu", bleu(hyps, self.val_refs).score, prog_bar=True)
+            score = bleu(hyps, self.val_refs, lowercase=self.tok.lowercase).score
+            self.log("val_bleu", score, prog_bar=True)
         self._clock = None  # validation time is not training throughput
 
     def configure_optimizers(self):

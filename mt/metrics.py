@@ -5,15 +5,16 @@ from __future__ import annotations
 import sacrebleu
 
 
-def bleu(hyps: list[str], refs: list[str]) -> sacrebleu.metrics.bleu.BLEUScore:
-    """Cased, detokenized corpus BLEU (sacreBLEU's 13a tokenizer)."""
-    return sacrebleu.corpus_bleu(hyps, [refs])
+def bleu(hyps: list[str], refs: list[str], lowercase: bool = False) -> sacrebleu.metrics.bleu.BLEUScore:
+    """Detokenized corpus BLEU (sacreBLEU's 13a tokenizer), cased unless ``lowercase``."""
+    return sacrebleu.corpus_bleu(hyps, [refs], lowercase=lowercase)
 
 
-def sacrebleu_scores(hyps: list[str], refs: list[str]) -> dict:
-    """BLEU and chrF with sacreBLEU's default settings, and their signatures."""
+def sacrebleu_scores(hyps: list[str], refs: list[str], lowercase: bool = False) -> dict:
+    """BLEU and chrF with sacreBLEU's default settings, and their signatures.
+    ``lowercase`` (for models that only write lowercase) shows as ``case:lc``."""
     out = {}
-    for name, metric in (("bleu", sacrebleu.BLEU()), ("chrf", sacrebleu.CHRF())):
+    for name, metric in (("bleu", sacrebleu.BLEU(lowercase=lowercase)), ("chrf", sacrebleu.CHRF(lowercase=lowercase))):
         score = metric.corpus_score(hyps, [refs])
         out[name] = round(score.score, 2)
         out[f"{name}_signature"] = str(metric.get_signature())

@@ -2,10 +2,20 @@
 
 Special ids are fixed when the model is trained (pad 0, unk 1, bos 2, eos 3)
 and read back from the model file everywhere else.
+
+Text may be normalised before sentencepiece sees it (``data.text``):
+
+- ``raw``: as it is (cased, detokenized), the default.
+- ``paper``: as Multi30k papers train, on the dataset's ``lc.norm.tok`` text:
+  lowercased, Moses punctuation-normalised and Moses-tokenized (without XML
+  escaping). Translations come back Moses-detokenized and lowercased. The
+  choice is stored beside the sentencepiece model (``text.json``) and travels
+  with it into the run directory, so inputs are always normalised as in training.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,6 +27,39 @@ from mt.errors import ModelDirError
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 
 JOINT, SRC, TGT = "spm.model", "spm.src.model", "spm.tgt.model"
+TEXT_JSON = "text.json"
+TEXT_MODES = ("raw", "paper")
+
+
+class TextNormalizer:
+    """The text side of a tokenizer: what is done to a language's lines before
+    sentencepiece (``normalize``) and to its decoded output (``restore``)."""
+
+    def __init__(self, mode: str, lang: str):
+        if mode not in TEXT_MODES:
+            raise ModelDirError(f"unknown text mode {mode!r} (expected one of {', '.join(TEXT_MODES)})")
+        self.mode, self.lang = mode, lang
+        if mode == "paper":
+            from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
+
+            self._norm, self._tok = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+            self._detok = MosesDetokenizer(lang=lang)
+
+    def normalize(self, lines: list[str]) -> list[str]:
+        if self.mode == "raw":
+            return lines
+        return [self._tok.tokenize(self._norm.normalize(x.lower()), return_str=True, escape=False) for x in lines]
+
+    def restore(self, lines: list[str]) -> list[str]:
+        if self.mode == "raw":
+            return lines
+        return [self._detok.detokenize(x.split(), unescape=False) for x in lines]
+
+
+def write_text_config(directory: Path, mode: str, src_lang: str, tgt_lang: str) -> None:
+    """Record the text mode beside the sentencepiece model(s) (only when not raw)."""
+    if mode != "raw":
+        (Path(directory) / TEXT_JSON).write_text(json.dumps({"mode": mode, "src": src_lang, "tgt": tgt_lang}))
 
 
 def train_sentencepiece(lines: Iterable[str], prefix: Path, vocab_size: int, model_type: str) -> None:
@@ -48,8 +91,16 @@ def pad_batch(seqs: list[list[int]], pad_id: int) -> torch.Tensor:
 class Tokenizer:
     """Source and target sentencepiece processors (the same object when joint)."""
 
-    def __init__(self, src: spm.SentencePieceProcessor, tgt: spm.SentencePieceProcessor):
+    def __init__(
+        self,
+        src: spm.SentencePieceProcessor,
+        tgt: spm.SentencePieceProcessor,
+        src_text: TextNormalizer | None = None,
+        tgt_text: TextNormalizer | None = None,
+    ):
         self.src, self.tgt = src, tgt
+        self.src_text = src_text or TextNormalizer("raw", "")
+        self.tgt_text = tgt_text or TextNormalizer("raw", "")
         ids = {(p.pad_id(), p.unk_id(), p.bos_id(), p.eos_id()) for p in (src, tgt)}
         if len(ids) != 1:
             raise ModelDirError("source and target sentencepiece models disagree on special ids")
@@ -61,34 +112,46 @@ class Tokenizer:
     def joint(self) -> bool:
         return self.src is self.tgt
 
+    @property
+    def lowercase(self) -> bool:
+        """Whether translations come out lowercased (``paper`` text)."""
+        return self.tgt_text.mode == "paper"
+
     @staticmethod
     def files(directory: Path) -> list[Path]:
-        """The model files that make up a tokenizer stored in ``directory``."""
+        """The files that make up a tokenizer stored in ``directory``."""
         directory = Path(directory)
-        if (directory / JOINT).exists():
-            return [directory / JOINT]
-        return [directory / SRC, directory / TGT]
+        files = [directory / JOINT] if (directory / JOINT).exists() else [directory / SRC, directory / TGT]
+        return files + ([directory / TEXT_JSON] if (directory / TEXT_JSON).exists() else [])
 
     @classmethod
     def load(cls, directory: Path) -> Tokenizer:
-        files = cls.files(directory)
+        files = [f for f in cls.files(directory) if f.name != TEXT_JSON]
         for f in files:
             if not f.exists():
                 raise ModelDirError(f"{f}: tokenizer model missing")
         procs = [spm.SentencePieceProcessor(model_file=str(f)) for f in files]
-        return cls(procs[0], procs[-1])
+        text_path = Path(directory) / TEXT_JSON
+        if not text_path.exists():
+            return cls(procs[0], procs[-1])
+        try:
+            text = json.loads(text_path.read_text())
+            normalizers = TextNormalizer(text["mode"], text["src"]), TextNormalizer(text["mode"], text["tgt"])
+        except (json.JSONDecodeError, KeyError, TypeError, ModelDirError) as e:
+            raise ModelDirError(f"{text_path}: unreadable text settings ({e})") from None
+        return cls(procs[0], procs[-1], *normalizers)
 
     def encode_src(self, texts: list[str]) -> list[list[int]]:
         """Source pieces followed by EOS (as fairseq, JoeyNMT and Marian do: a
         fixed key that attention can fall back on). A blank line is []."""
-        return [ids + [self.eos_id] if ids else [] for ids in self.src.encode(texts)]
+        return [ids + [self.eos_id] if ids else [] for ids in self.src.encode(self.src_text.normalize(texts))]
 
     def encode_tgt(self, texts: list[str]) -> list[list[int]]:
         """Target pieces, without bos/eos (the batches add them)."""
-        return self.tgt.encode(texts)
+        return self.tgt.encode(self.tgt_text.normalize(texts))
 
     def decode_tgt(self, ids: list[list[int]]) -> list[str]:
-        return self.tgt.decode(ids)
+        return self.tgt_text.restore(self.tgt.decode(ids))
 
     def src_pieces(self, ids: list[int]) -> list[str]:
         return [self.src.id_to_piece(i) for i in ids]

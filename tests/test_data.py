@@ -11,10 +11,10 @@ import torch
 from conftest import write_corpus
 
 from mt.cli import main
-from mt.config import DataConfig
+from mt.config import ConfigError, DataConfig
 from mt.data import Split, TokenBatchSampler, TranslationDataModule, padding_waste, prepare
 from mt.errors import DataError
-from mt.tokenizer import Tokenizer
+from mt.tokenizer import TextNormalizer, Tokenizer
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -215,3 +215,44 @@ def test_counts_in_summary_match_batches(data_cfg):
     dm = TranslationDataModule(data_cfg)
     val = [i for b in dm.val_dataloader() for i in b.index.tolist()]
     assert Counter(val) == Counter(range(40))
+
+
+def test_paper_text_normalizer_round_trips():
+    norm = TextNormalizer("paper", "de")
+    raw = ['Ein Mann, der "Hallo!" ruft.', "Zwei Hunde spielen im Schnee (draußen)."]
+    tokenized = norm.normalize(raw)
+    assert tokenized == ['ein mann , der " hallo ! " ruft .', "zwei hunde spielen im schnee ( draußen ) ."]
+    assert norm.restore(tokenized) == [line.lower() for line in raw]
+    plain = TextNormalizer("raw", "de")
+    assert plain.normalize(raw) == raw and plain.restore(raw) == raw
+
+
+def test_paper_text_mode_travels_with_the_tokenizer(data_cfg, corpus_splits, tmp_path):
+    """data.text=paper: sentencepiece sees lowercased tokenized text, the raw
+    text is kept for references, and the mode is stored beside the model."""
+    cased = {
+        name: tuple([f"{s[0].upper()}{s[1:]}." for s in side] for side in sides)
+        for name, sides in corpus_splits.items()
+    }
+    write_corpus(tmp_path / "cased", cased)
+    data_cfg.local_dir, data_cfg.text = str(tmp_path / "cased"), "paper"
+    prepare(data_cfg, verbose=False)
+    tok = Tokenizer.load(data_cfg.prepared_path())
+    assert tok.lowercase and tok.src_text.lang == "en" and tok.tgt_text.lang == "de"
+    assert [f.name for f in Tokenizer.files(data_cfg.prepared_path())] == ["spm.model", "text.json"]
+    pieces = tok.src_pieces(tok.encode_src([cased["train"][0][0]])[0])
+    assert "".join(pieces).lower() == "".join(pieces)  # no uppercase piece
+    assert pieces[-2:] == ["▁.", "</s>"]  # the full stop is split off, as Moses does
+    train = Split(data_cfg.prepared_path() / "train")
+    assert train.tgt_text[:3] == cased["train"][1][:3]  # references stay raw
+    assert tok.decode_tgt(train.tgt[:3]) == [t.lower() for t in cased["train"][1][:3]]
+
+    data_cfg.text = "raw"  # a change of text mode is a change of inputs: prepared again
+    prepare(data_cfg, verbose=False)
+    assert not Tokenizer.load(data_cfg.prepared_path()).lowercase
+    assert not (data_cfg.prepared_path() / "text.json").exists()
+
+
+def test_unknown_text_mode_is_a_config_error():
+    with pytest.raises(ConfigError, match="data.text"):
+        DataConfig(text="lower")
