@@ -50,7 +50,7 @@ def scaled_dot_product_attention(
     d_k = q.size(-1)
     scores = q @ k.transpose(-2, -1) / (math.sqrt(d_k) * temperature)  # (..., T_q, T_k)
     if mask is None:
-        weights = torch.softmax(scores, dim=-1)
+        weights = _softmax(scores)
     else:
         # A row with nothing to attend to would be softmax(all -inf) = NaN.
         # Let such rows see every key (any finite value would do) and zero them after.
@@ -58,9 +58,20 @@ def scaled_dot_product_attention(
         scores = scores.masked_fill(~(mask | ~has_key), float("-inf"))
         # torch.softmax is the numerically stable form: it subtracts each
         # row's maximum before exponentiating, so exp() never overflows.
-        weights = torch.softmax(scores, dim=-1) * has_key
+        weights = _softmax(scores) * has_key
     dropped = F.dropout(weights, dropout) if dropout else weights
     return dropped @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
+
+
+def _softmax(scores: Tensor) -> Tensor:
+    """``torch.softmax(scores, dim=-1)``. PyTorch's CPU kernel for the last
+    dimension takes a slow path for rows shorter than a vector register (16
+    floats): 2-3x slower there than softmax over another dimension, and
+    decoding hits it at every step (a few source or target positions).
+    Such rows go through the transpose instead (same values, a strided view)."""
+    if scores.device.type == "cpu" and scores.size(-1) < 16:
+        return torch.softmax(scores.transpose(-1, -2), dim=-2).transpose(-1, -2)
+    return torch.softmax(scores, dim=-1)
 
 
 class KV(NamedTuple):

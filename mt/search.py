@@ -45,7 +45,10 @@ def max_lengths(src: Tensor, s: SearchSettings, max_positions: int) -> Tensor:
 def _step_log_probs(logits: Tensor, s: SearchSettings, step: int, force_eos: Tensor) -> Tensor:
     """logits: (N, V) -> log-probabilities (N, V) that never pick pad or bos,
     nor eos before ``s.min_len`` tokens, and only eos in rows where ``force_eos`` (N,) is set."""
-    logp = torch.log_softmax(logits.float(), dim=-1)
+    logits = logits.float()
+    # in place where possible: (rows, vocabulary) temporaries are a step's largest
+    # allocations, and on CPU each fresh one is paid in page faults
+    logp = torch.log_softmax(logits, dim=-1, out=logits if logits.is_contiguous() else None)
     logp[:, s.pad_id] = float("-inf")
     logp[:, s.bos_id] = float("-inf")
     if step + 1 < s.min_len:
@@ -55,6 +58,43 @@ def _step_log_probs(logits: Tensor, s: SearchSettings, step: int, force_eos: Ten
         logp[force_eos] = float("-inf")
         logp[force_eos, s.eos_id] = eos_col[force_eos]
     return logp
+
+
+_BLOCK = 64
+
+
+def top_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``x.topk(k, dim=1)`` (values and indices, best first) for long rows.
+
+    On CPU, ``topk`` and ``max`` with indices scan a row element by element,
+    while ``amax`` is vectorised: over a (64, 40,000) beam step topk took 4-5x
+    longer than this. The k best entries of a row lie in the k blocks of 64
+    with the largest maxima (a block outside them has k blocks above it, each
+    holding an entry larger than any of its own), so only those k * 64
+    entries are ranked. Ties may pick different (equal) entries than topk.
+    """
+    n, m = x.shape
+    blocks = m // _BLOCK
+    if x.device.type != "cpu" or blocks < 4 * k:
+        return x.topk(k, dim=1)
+    best = x[:, : blocks * _BLOCK].view(n, blocks, _BLOCK).amax(-1).topk(k, dim=1).indices  # (n, k)
+    index = (best[:, :, None] * _BLOCK + torch.arange(_BLOCK, device=x.device)).view(n, k * _BLOCK)
+    if blocks * _BLOCK < m:  # the short last block is always a candidate
+        index = torch.cat([index, torch.arange(blocks * _BLOCK, m, device=x.device).expand(n, -1)], dim=1)
+    values, pos = x.gather(1, index).topk(k, dim=1)
+    return values, index.gather(1, pos)
+
+
+def arg_max(x: Tensor) -> tuple[Tensor, Tensor]:
+    """``x.max(dim=1)`` (values, first index of the maximum) by blocks, as ``top_k``: 3x faster on CPU."""
+    n, m = x.shape
+    blocks = m // _BLOCK
+    if x.device.type != "cpu" or blocks < 4 or blocks * _BLOCK != m:
+        return x.max(dim=1)
+    grid = x.view(n, blocks, _BLOCK)
+    block = grid.amax(-1).argmax(-1)  # (n,) the first block holding the maximum
+    values, inner = grid[torch.arange(n, device=x.device), block].max(-1)
+    return values, block * _BLOCK + inner
 
 
 @torch.no_grad()
@@ -76,7 +116,7 @@ def greedy_search(model: Transformer, src: Tensor, s: SearchSettings, alpha: flo
     cache = DecoderCache()
     for step in range(n_steps):
         dec = model.decode(tokens, enc, cache)
-        best, tok = _step_log_probs(dec.logits[:, -1], s, step, limits[sentence] <= step + 1).max(-1)  # (N,)
+        best, tok = arg_max(_step_log_probs(dec.logits[:, -1], s, step, limits[sentence] <= step + 1))  # (N,)
         rows = sentence[live]
         out[rows, step] = tok[live]
         log_prob[rows] += best[live]
@@ -125,16 +165,18 @@ def beam_search(
     scores = torch.zeros(b, 1, device=dev)  # (N, W): N sentences left, W live beams each
     finished: list[list[Hypothesis]] = [[] for _ in range(b)]
     cache = DecoderCache()
+    vocab = model.cfg.tgt_vocab_size
     for step in range(int(limits.max())):
         n, width = scores.shape
         dec = model.decode(tokens[:, -1:], enc, cache)
         at_limit = (limits[sentence] <= step + 1).repeat_interleave(width)
-        logp = _step_log_probs(dec.logits[:, -1], s, step, at_limit)  # (N*W, V)
-        vocab = logp.size(-1)
-        cand = (scores.view(-1, 1) + logp).view(n, width * vocab)  # (N, W*V)
-        top_scores, top_idx = cand.topk(min(2 * beam, width * vocab), dim=1)  # (N, C)
-        top_row = torch.arange(n, device=dev)[:, None] * width + top_idx // vocab  # (N, C) rows of tokens
-        top_tok = top_idx % vocab
+        # the 2K best of a sentence's W x V continuations are among the 2K best of each of its rows
+        logp, tok = top_k(_step_log_probs(dec.logits[:, -1], s, step, at_limit), min(2 * beam, vocab))  # (N*W, K)
+        per_row = tok.size(1)
+        cand = (logp + scores.view(-1, 1)).view(n, width * per_row)
+        top_scores, top_idx = cand.topk(min(2 * beam, width * per_row), dim=1)  # (N, C)
+        top_row = torch.arange(n, device=dev)[:, None] * width + top_idx // per_row  # (N, C) rows of tokens
+        top_tok = tok.view(n, width * per_row).gather(1, top_idx)
         is_eos = top_tok == s.eos_id
 
         new_final = is_eos[:, :beam] & torch.isfinite(top_scores[:, :beam])

@@ -210,3 +210,16 @@ def test_attention_stats():
     assert stats["norm_entropy"].item() == pytest.approx(0.5, abs=1e-3)
     assert stats["weight_max"].item() == pytest.approx((0.5 + 1.0) / 2, abs=1e-3)
     assert "score_min" not in attention_stats(weights, mask)
+
+
+@pytest.mark.parametrize("t_q,t_k", [(1, 5), (7, 15), (3, 16), (2, 40)])
+def test_short_rows_softmax_equals_torch(t_q, t_k):
+    """Rows shorter than 16 keys take a transposed route (a faster CPU kernel): same weights."""
+    torch.manual_seed(t_k)
+    q, k, v = torch.randn(2, 3, t_q, 8), torch.randn(2, 3, t_k, 8), torch.randn(2, 3, t_k, 8)
+    mask = torch.rand(2, 1, t_q, t_k) > 0.3
+    out, weights = scaled_dot_product_attention(q, k, v, mask)
+    scores = (q @ k.transpose(-2, -1) / math.sqrt(8)).masked_fill(~mask, float("-inf"))
+    expected = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    torch.testing.assert_close(weights, expected, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out, expected @ v, rtol=0, atol=1e-5)

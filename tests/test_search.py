@@ -7,7 +7,7 @@ from mt.attention import KV
 from mt.config import ModelConfig
 from mt.layers import LayerCache
 from mt.model import DecoderCache, DecoderOutput, EncoderOutput, Transformer
-from mt.search import SearchSettings, beam_search, greedy_search
+from mt.search import SearchSettings, arg_max, beam_search, greedy_search, top_k
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 S = SearchSettings(BOS, EOS, PAD, max_len_a=1.0, max_len_b=4)
@@ -130,3 +130,43 @@ def test_beam_finds_the_better_output_that_greedy_misses():
     assert greedy.tokens == [m.A] and greedy.log_prob == pytest.approx(math.log(0.6 * 0.4))
     assert best.tokens == [m.B] and best.log_prob == pytest.approx(math.log(0.4 * 0.9))
     assert best.score > greedy.score
+
+
+@pytest.mark.parametrize(
+    "shape,k", [((7, 40_000), 10), ((3, 8_001), 10), ((5, 2_560), 10), ((4, 300), 10), ((2, 9), 3)]
+)
+def test_block_top_k_equals_topk(shape, k):
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(shape[1]))
+    x[0, -1] = 50.0  # the best entry in the short last block
+    x[1, :k] = -float("inf")
+    want, got = x.topk(k, dim=1), top_k(x, k)
+    assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+
+
+def test_block_arg_max_returns_the_first_maximum():
+    x = torch.randn(6, 8_000, generator=torch.Generator().manual_seed(0))
+    x[2, 100] = x[2, 7_000] = 9.0  # a tie across blocks: the first one wins, as in max()
+    x[3, 64] = x[3, 65] = 9.0  # ... and inside a block
+    x[4] = -float("inf")
+    values, index = arg_max(x)
+    want = x.max(dim=1)
+    assert torch.equal(values, want.values) and torch.equal(index, want.indices)
+    assert index[2] == 100 and index[3] == 64
+
+
+def test_search_with_block_selection_equals_plain_topk(monkeypatch):
+    """A vocabulary large enough for the block path (beam 5 x 640 entries, greedy over 640)."""
+    torch.manual_seed(1)
+    cfg = ModelConfig(
+        d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0,
+        src_vocab_size=640, tgt_vocab_size=640, pad_id=PAD,
+    )  # fmt: skip
+    m = Transformer(cfg).eval()
+    src = torch.randint(4, 640, (5, 7), generator=torch.Generator().manual_seed(2))
+    src[:, -1] = EOS
+    fast = beam_search(m, src, S, beam=5, n_best=3), greedy_search(m, src, S)
+    import mt.search
+
+    monkeypatch.setattr(mt.search, "top_k", lambda x, k: x.topk(k, dim=1))
+    monkeypatch.setattr(mt.search, "arg_max", lambda x: x.max(dim=1))
+    assert (beam_search(m, src, S, beam=5, n_best=3), greedy_search(m, src, S)) == fast
