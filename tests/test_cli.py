@@ -10,7 +10,7 @@ import sys
 
 import pytest
 import torch
-from conftest import ROOT
+from conftest import ROOT, train_args
 
 from mt.cli import main
 from mt.data import Split
@@ -222,3 +222,28 @@ def test_attention_cli(toy_run, tmp_path, capsys):
     assert (tmp_path / "att-0.png").exists() and (tmp_path / "att-1.png").exists()
     assert main(["attention", "--model", str(toy_run), "--src", "cat", "--layer", "9", "--out", str(out)]) == 1
     assert "--layer 9 out of range" in capsys.readouterr().err
+
+
+def test_paper_text_model_normalises_input_and_scores_lowercase(toy_data, tmp_path, capsys):
+    """A model trained with data.text=paper carries the mode in its run
+    directory: input is lowercased and tokenized as in training, and its
+    (lowercase) output is scored case-insensitively."""
+    run_dir, prepared = tmp_path / "paper", tmp_path / "prepared"
+    args = train_args(prepared, run_dir, "data.text=paper", "train.max_steps=300")
+    assert main(["prepare", "--config", args[2], *args[3:]]) == 0  # the same overrides
+    assert main(args) == 0
+    assert (run_dir / "text.json").exists()
+    model, tok, _ = load(run_dir)
+    assert tok.lowercase
+    translator = Translator(model, tok, beam=1)
+    lines = ["young old tree sleeps", "a young bird jumps cat a big"]
+    assert translator.translate([line.upper() for line in lines]) == translator.translate(lines)
+    capsys.readouterr()  # what prepare and train printed
+    (tmp_path / "t.src").write_text("\n".join(lines) + "\n")
+    (tmp_path / "t.ref").write_text("Speelso eerto dloo gnuoyo\nGibo ao taco spmujo dribo gnuoyo ao\n")
+    assert main(["evaluate", "--model", str(run_dir), "--src", str(tmp_path / "t.src"),
+                 "--ref", str(tmp_path / "t.ref"), "--beam", "1", "--json"]) == 0  # fmt: skip
+    import json
+
+    scores = json.loads(capsys.readouterr().out)
+    assert "case:lc" in scores["bleu_signature"] and scores["bleu"] > 20  # an untrained model scores ~0
