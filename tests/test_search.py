@@ -13,14 +13,18 @@ PAD, UNK, BOS, EOS = 0, 1, 2, 3
 S = SearchSettings(BOS, EOS, PAD, max_len_a=1.0, max_len_b=4)
 
 
+def tiny_model(vocab: int = 30, layers: int = 2, seed: int = 0) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        d_model=32, n_heads=4, enc_layers=layers, dec_layers=layers, d_ff=64, dropout=0.0,
+        src_vocab_size=vocab, tgt_vocab_size=vocab, pad_id=PAD,
+    )  # fmt: skip
+    return Transformer(cfg).eval()
+
+
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    cfg = ModelConfig(
-        d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64, dropout=0.0,
-        src_vocab_size=30, tgt_vocab_size=30, pad_id=PAD,
-    )  # fmt: skip
-    m = Transformer(cfg).eval()
+    m = tiny_model()
     with torch.no_grad():  # a peaky output distribution, so that EOS comes up in short outputs
         m.tgt_embed.weight.mul_(6.0)
     return m
@@ -156,12 +160,7 @@ def test_block_arg_max_returns_the_first_maximum():
 
 def test_search_with_block_selection_equals_plain_topk(monkeypatch):
     """A vocabulary large enough for the block path (beam 5 x 640 entries, greedy over 640)."""
-    torch.manual_seed(1)
-    cfg = ModelConfig(
-        d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, dropout=0.0,
-        src_vocab_size=640, tgt_vocab_size=640, pad_id=PAD,
-    )  # fmt: skip
-    m = Transformer(cfg).eval()
+    m = tiny_model(vocab=640, layers=1, seed=1)
     src = torch.randint(4, 640, (5, 7), generator=torch.Generator().manual_seed(2))
     src[:, -1] = EOS
     fast = beam_search(m, src, S, beam=5, n_best=3), greedy_search(m, src, S)
