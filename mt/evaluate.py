@@ -26,13 +26,13 @@ def split_texts(run_dir: Path, split: str) -> tuple[list[str], list[str], dict]:
     """Source and reference lines of a split, from the raw corpus the run was prepared from."""
     data = run_config(run_dir).get("data", {})
     local = data.get("local_dir") or os.environ.get(ENV_DATA_DIR)
+    where = run_dir / "config.yaml"
+    if not data:
+        raise DataError(f"{where}: missing or without a data section; give --src FILE --ref FILE")
     try:
-        if not data:
-            raise ValueError("missing")
         prepared = DataConfig(**data).prepared_path()
-    except (TypeError, ValueError) as e:  # no config.yaml, or one this version cannot read
-        where = run_dir / "config.yaml"
-        raise DataError(f"{where}: no usable data section ({e}); give --src FILE --ref FILE") from None
+    except (TypeError, ValueError) as e:  # a config this version cannot read
+        raise DataError(f"{where}: unusable data section ({e}); give --src FILE --ref FILE") from None
     if (prepared / split).is_dir():
         from mt.data import Split
 

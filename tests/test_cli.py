@@ -138,6 +138,12 @@ def test_model_directory_errors(toy_run, tmp_path, capsys):
     )  # fmt: skip
     assert main(["translate", "--model", str(broken)]) == 1
     assert "tokenizer does not match the model" in capsys.readouterr().err
+    import shutil
+
+    no_config = tmp_path / "no_config"  # a complete model, but no config.yaml to find its test split by
+    shutil.copytree(toy_run, no_config, ignore=shutil.ignore_patterns("config.yaml"))
+    assert main(["evaluate", "--model", str(no_config), "--split", "test"]) == 1
+    assert "config.yaml: missing" in capsys.readouterr().err
 
 
 def test_evaluate_writes_scores(toy_run, toy_test, tmp_path, capsys):
