@@ -75,10 +75,27 @@ def _softmax(scores: Tensor) -> Tensor:
 
 
 class KV(NamedTuple):
-    """Projected keys and values of one attention layer, (B, H, T_k, D_h) each."""
+    """Projected keys and values of one attention layer, (B, H, T_k, D_h) each.
+
+    ``rows`` (R,), when set, is a reordering not yet carried out: the cache
+    stands for ``k[rows]`` and ``v[rows]``. Self-attention carries it out while
+    appending the next position, in one copy of the cache instead of two
+    (beam search reorders the whole cache at every step).
+    """
 
     k: Tensor
     v: Tensor
+    rows: Tensor | None = None
+
+    def select(self, rows: Tensor) -> KV:
+        """The cache of batch rows ``rows`` (in that order), picked lazily."""
+        return KV(self.k, self.v, rows if self.rows is None else self.rows[rows])
+
+    def resolved(self) -> KV:
+        """The same cache with any pending reordering carried out."""
+        if self.rows is None:
+            return self
+        return KV(self.k.index_select(0, self.rows), self.v.index_select(0, self.rows))
 
 
 class AttentionOutput(NamedTuple):
@@ -156,15 +173,15 @@ class MultiHeadAttention(nn.Module):
         if key_value is None:
             if past is None:
                 raise ValueError("key_value=None needs past keys/values to attend to")
-            k, v = past
+            k, v, _ = past.resolved()
         else:
             # contiguous: the products below would copy these strided views on every use,
             # and a cached source's keys/values are used at every decoding step
             k = self.split_heads(self.w_k(key_value)).contiguous()  # (B, H, T_new, D_h)
             v = self.split_heads(self.w_v(key_value)).contiguous()
             if past is not None:
-                k = torch.cat([past.k, k], dim=2)  # (B, H, T_k, D_h)
-                v = torch.cat([past.v, v], dim=2)
+                k = _append(past.k, k, past.rows)  # (B, H, T_k, D_h)
+                v = _append(past.v, v, past.rows)
         dropout = self.dropout if self.training else 0.0
         groups = q.size(0) // k.size(0)
         if groups * k.size(0) != q.size(0):
@@ -190,6 +207,20 @@ class MultiHeadAttention(nn.Module):
             out = _ungroup(out, groups)
             weights = _ungroup(weights, groups) if need_weights else None
         return AttentionOutput(self.w_o(self.merge_heads(out)), weights if need_weights else None, KV(k, v))
+
+
+def _append(past: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
+    """``torch.cat([past[rows], new], dim=2)`` with a single copy of ``past``:
+    (B_past, H, T, D_h), (B, H, T_new, D_h) -> (B, H, T + T_new, D_h)."""
+    if rows is None:
+        return torch.cat([past, new], dim=2)
+    if torch.is_grad_enabled() and (past.requires_grad or new.requires_grad):  # out= has no backward
+        return torch.cat([past.index_select(0, rows), new], dim=2)
+    t = past.size(2)
+    out = new.new_empty(new.size(0), new.size(1), t + new.size(2), new.size(3))
+    torch.index_select(past, 0, rows, out=out[:, :, :t])
+    out[:, :, t:] = new
+    return out
 
 
 def _group(x: Tensor, g: int) -> Tensor:

@@ -52,14 +52,18 @@ class DecoderCache:
 
     def reorder(self, index: Tensor, source_index: Tensor | None = None) -> DecoderCache:
         """index: the target rows to keep, in their new order; source_index:
-        the source rows to keep (default: all, unchanged)."""
+        the source rows to keep (default: all, unchanged). The target rows are
+        picked lazily: the next decoding step copies them while appending."""
 
         def pick(kv, rows):
-            return (
-                kv if kv is None or rows is None else type(kv)(kv.k.index_select(0, rows), kv.v.index_select(0, rows))
-            )
+            return kv if kv is None or rows is None else kv.select(rows)
 
-        return DecoderCache([LayerCache(pick(c.self_kv, index), pick(c.cross_kv, source_index)) for c in self.layers])
+        def pick_now(kv, rows):
+            return kv if kv is None or rows is None else kv.select(rows).resolved()
+
+        return DecoderCache(
+            [LayerCache(pick(c.self_kv, index), pick_now(c.cross_kv, source_index)) for c in self.layers]
+        )
 
 
 class DecoderOutput(NamedTuple):

@@ -93,6 +93,25 @@ def test_cache_reorder_follows_batch_index(model):
     torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_successive_reorders_compose_and_work_with_gradients(model):
+    # reorders are applied lazily by the next step: two in a row must compose,
+    # and the step that applies them must also work when gradients are on
+    src, tgt, nxt = tokens(3, 6), tokens(3, 4), tokens(3, 1)
+    first, second = torch.tensor([2, 0, 1]), torch.tensor([1, 1, 0])
+    picked = first[second]
+    with torch.no_grad():
+        enc = model.encode(src)
+        cache = model.decode(tgt, enc, DecoderCache()).cache
+        twice = cache.reorder(first, source_index=first).reorder(second, source_index=second)
+        expected = model.decode(torch.cat([tgt[picked], nxt], 1), enc.index_select(picked)).logits[:, -1:]
+        torch.testing.assert_close(model.decode(nxt, enc.index_select(picked), twice).logits, expected)
+    with torch.enable_grad():
+        enc = model.encode(src)
+        cache = model.decode(tgt, enc, DecoderCache()).cache.reorder(picked, source_index=picked)
+        model.decode(nxt, enc.index_select(picked), cache).logits.sum().backward()
+    assert model.output_weight.grad is not None
+
+
 def test_weights_are_returned_per_layer(model):
     src, tgt = tokens(2, 6), tokens(2, 5)
     enc = model.encode(src, need_weights=True)

@@ -119,7 +119,7 @@ class TableModel:
         return EncoderOutput(src[..., None].float(), src[:, None, None, :] != PAD, None)
 
     def decode(self, tgt, enc, cache):
-        prev = cache.layers[0].self_kv.k if cache.layers else tgt.new_zeros((tgt.size(0), 1, 0, 1)).float()
+        prev = cache.layers[0].self_kv.resolved().k if cache.layers else tgt.new_zeros((tgt.size(0), 1, 0, 1)).float()
         k = torch.cat([prev, tgt.float()[:, None, :, None]], dim=2)  # the prefix so far
         prefixes = [tuple(int(t) for t in row[0, 1:, 0]) for row in k]
         logits = torch.tensor([self.table(p) for p in prefixes]).log()[:, None, :]
