@@ -36,10 +36,10 @@ class DecoderCache:
     Starts empty; each ``Transformer.decode`` call returns the grown cache.
     ``reorder`` follows beam search's choice of hypotheses: the next step
     copies the chosen rows while it appends its position (``KV.rows``), so
-    the cache is copied once per step, not twice. The source's keys/values may have fewer rows
-    than the target's (a source shared by its beams, see grouped queries in
-    ``mt.attention``): they are left as they are unless ``source_index``
-    picks source rows too (to drop finished sentences).
+    the cache is copied once per step, not twice. The source's keys/values
+    may have fewer rows than the target's (a source shared by its beams, see
+    grouped queries in ``mt.attention``): they are left as they are unless
+    ``source_index`` picks source rows too (to drop finished sentences).
     """
 
     layers: list[LayerCache] = field(default_factory=list)

@@ -2,10 +2,11 @@
 
 Both reuse the model's key/value cache: the source's cross-attention keys
 and values are projected once, decoder self-attention keys/values grow by one
-position per step, and beam search reorders the cache by row index (the next
-step carries the reorder out as it appends). A hypothesis never contains pad or bos, and each
-sentence stops at its own EOS or at ``max_len_a * source_length + max_len_b``
-generated tokens (EOS included); finished sentences leave the batch.
+position per step, and beam search reorders the cache by row index (the
+next step carries the reorder out as it appends). A hypothesis never
+contains pad or bos, and each sentence stops at its own EOS or at
+``max_len_a * source_length + max_len_b`` generated tokens (EOS included);
+finished sentences leave the batch.
 """
 
 from __future__ import annotations
