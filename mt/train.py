@@ -70,6 +70,29 @@ class LinePrinter(Callback):
             self.line(trainer, "valid")
 
 
+class LastStepCheckpoints(ModelCheckpoint):
+    """Keeps ``step=N.ckpt`` files of the last ``save_top_k`` validations.
+
+    Lightning forgets which files it saved when a run directory has been
+    copied or moved (its record holds absolute paths), and would then keep
+    the old directory's step checkpoints beside the new ones for good; this
+    removes every step checkpoint older than the newest ``save_top_k``.
+    """
+
+    def on_validation_end(self, trainer, module) -> None:
+        super().on_validation_end(trainer, module)
+        self._prune(trainer)
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        super().on_train_epoch_end(trainer, module)
+        self._prune(trainer)
+
+    def _prune(self, trainer) -> None:
+        if trainer.is_global_zero and self.dirpath is not None:
+            for stale in step_checkpoints(Path(self.dirpath).parent)[: -self.save_top_k]:
+                stale.unlink(missing_ok=True)
+
+
 def check_writable(run_dir: Path) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -145,7 +168,7 @@ def train(cfg: Config) -> Path:
         ModelCheckpoint(
             ckpt_dir, filename="best", monitor=monitor, mode=mode, save_top_k=1, enable_version_counter=False
         ),
-        ModelCheckpoint(
+        LastStepCheckpoints(
             ckpt_dir,
             filename="step={step}",
             monitor="step",

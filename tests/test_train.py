@@ -1,7 +1,9 @@
 """Training on the toy config: it learns, it is reproducible, it resumes after
 SIGKILL, it runs under DDP on CPU, and config mistakes are clear errors."""
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -37,6 +39,17 @@ def test_resume_between_epochs_matches_uninterrupted(toy_data, tmp_path):
     assert metrics(tmp_path / "split") == metrics(tmp_path / "full")
     a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(tmp_path / "split" / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resuming_a_copied_run_keeps_only_the_last_checkpoints(toy_data, tmp_path):
+    """Lightning forgets the files it saved when the run directory moves; the old ones must still go."""
+    opts = ("train.val_every_steps=5", "train.keep_checkpoints=2", "train.average_last=2")
+    assert main(train_args(toy_data, tmp_path / "a", "train.max_steps=20", *opts)) == 0
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    assert main(train_args(toy_data, tmp_path / "b", "train.max_steps=40", *opts)) == 0
+    kept = sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("step=*.ckpt"))
+    assert kept == ["step=35.ckpt", "step=40.ckpt"]
+    assert "step=35.ckpt, step=40.ckpt" in json.loads((tmp_path / "b" / "model.json").read_text())["source"]
 
 
 def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path):
