@@ -89,7 +89,7 @@ class LastStepCheckpoints(ModelCheckpoint):
 
     def _prune(self, trainer) -> None:
         if trainer.is_global_zero and self.dirpath is not None:
-            for stale in step_checkpoints(Path(self.dirpath).parent)[: -self.save_top_k]:
+            for stale in step_checkpoints(Path(self.dirpath))[: -self.save_top_k]:
                 stale.unlink(missing_ok=True)
 
 
@@ -115,16 +115,16 @@ def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
     return {k: (v / len(paths)).float() for k, v in total.items()}
 
 
-def step_checkpoints(run_dir: Path) -> list[Path]:
-    """The kept step checkpoints, oldest first."""
-    found = (run_dir / "checkpoints").glob("step=*.ckpt")
+def step_checkpoints(ckpt_dir: Path) -> list[Path]:
+    """The step checkpoints in ``ckpt_dir`` (a run's ``checkpoints/``), oldest first."""
+    found = ckpt_dir.glob("step=*.ckpt")
     return sorted(found, key=lambda p: int(p.stem.split("=")[1]))
 
 
 def export_from_checkpoints(cfg: Config, run_dir: Path, average_last: int) -> str:
     """Write the inference model: the best checkpoint, or the mean of the last N."""
     if average_last > 0:
-        paths = step_checkpoints(run_dir)[-average_last:]
+        paths = step_checkpoints(run_dir / "checkpoints")[-average_last:]
         state = average_checkpoints(paths)
         source = f"average of {len(paths)} checkpoints: " + ", ".join(p.name for p in paths)
     else:
