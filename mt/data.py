@@ -185,11 +185,18 @@ class Batch:
         return self.tgt_out != self.pad_id
 
 
-class Collate:
+class BatchedPairs:
+    """A split's pairs, read a batch at a time: ``pairs[indices]`` is the
+    padded ``Batch`` of those rows. The loader's sampler yields the index
+    lists (``TokenBatchSampler``) with automatic batching off."""
+
     def __init__(self, src: list[list[int]], tgt: list[list[int]], tok: Tokenizer):
         self.src, self.tgt, self.tok = src, tgt, tok
 
-    def __call__(self, indices: list[int]) -> Batch:
+    def __len__(self) -> int:
+        return len(self.src)
+
+    def __getitem__(self, indices: list[int]) -> Batch:
         t = self.tok
         return Batch(
             src=pad_batch([self.src[i] for i in indices], t.pad_id),
@@ -312,6 +319,10 @@ class Split:
         return len(self.src)
 
 
+def _as_is(batch: Batch) -> Batch:
+    return batch
+
+
 def load_tokenizer(cfg: DataConfig) -> Tokenizer:
     path = cfg.prepared_path()
     if not (path / "prepare.json").exists():
@@ -353,18 +364,24 @@ class TranslationDataModule(L.LightningDataModule):
             rank=None if shuffle else 0,
             world_size=None if shuffle else 1,
         )
+        # The token sampler is the loader's `sampler` (batch_size=None: it
+        # yields whole batches), because that is where Lightning calls
+        # `set_epoch` at the start of each epoch; as a `batch_sampler` it
+        # would never be told the epoch and every epoch would repeat the
+        # first one's batches in the same order.
         # A private generator: creating the loader's iterator must not draw
         # from the global RNG, or a resumed run's dropout would drift.
         return DataLoader(
-            range(len(s)),
-            batch_sampler=sampler,
-            collate_fn=Collate(s.src, s.tgt, self.tokenizer),
+            BatchedPairs(s.src, s.tgt, self.tokenizer),
+            sampler=sampler,
+            batch_size=None,
+            collate_fn=_as_is,
             generator=torch.Generator(),
         )
 
     def train_dataloader(self) -> DataLoader:
         loader = self.loader(self.cfg.train_split, shuffle=True)
-        self.train_sampler = loader.batch_sampler
+        self.train_sampler = loader.sampler
         if 0 < self._resume_skip < len(self.train_sampler):
             self.train_sampler.skip = self._resume_skip
         self._resume_skip = 0

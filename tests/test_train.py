@@ -14,6 +14,7 @@ from conftest import ROOT, metrics, mt_cmd, train_args
 from safetensors.torch import load_file
 
 from mt.cli import main
+from mt.data import TokenBatchSampler
 
 
 def test_toy_model_learns(toy_run):
@@ -29,6 +30,26 @@ def test_same_seed_same_metrics(toy_data, tmp_path):
         assert main(train_args(toy_data, tmp_path / name, *short)) == 0
     assert metrics(tmp_path / "a") == metrics(tmp_path / "b")
     assert len(metrics(tmp_path / "a")) == 2
+
+
+def test_each_epoch_trains_on_new_batches(toy_data, tmp_path, monkeypatch):
+    """Lightning must reach the token sampler's set_epoch: a new shuffle every epoch."""
+    epochs = []
+    iterate = TokenBatchSampler.__iter__
+
+    def recording(self):
+        if self.shuffle:
+            epochs.append([])
+        for batch in iterate(self):
+            if self.shuffle:
+                epochs[-1].append(batch)
+            yield batch
+
+    monkeypatch.setattr(TokenBatchSampler, "__iter__", recording)
+    assert main(train_args(toy_data, tmp_path / "run", "train.max_steps=-1", "train.max_epochs=2")) == 0
+    assert len(epochs) == 2 and len(epochs[0]) == len(epochs[1]) > 1
+    assert epochs[0] != epochs[1]
+    assert sorted(sum(epochs[0], [])) == sorted(sum(epochs[1], []))  # the same pairs, once each
 
 
 def test_resume_between_epochs_matches_uninterrupted(toy_data, tmp_path):
