@@ -319,10 +319,6 @@ class Split:
         return len(self.src)
 
 
-def _as_is(batch: Batch) -> Batch:
-    return batch
-
-
 def load_tokenizer(cfg: DataConfig) -> Tokenizer:
     path = cfg.prepared_path()
     if not (path / "prepare.json").exists():
@@ -374,8 +370,7 @@ class TranslationDataModule(L.LightningDataModule):
         return DataLoader(
             BatchedPairs(s.src, s.tgt, self.tokenizer),
             sampler=sampler,
-            batch_size=None,
-            collate_fn=_as_is,
+            batch_size=None,  # the default collate then hands each Batch on untouched
             generator=torch.Generator(),
         )
 
