@@ -109,6 +109,7 @@ class DataConfig:
     max_len: int = 100  #: training pairs longer than this (subword tokens) are dropped
     max_ratio: float = 3.0  #: training pairs with a longer/shorter length ratio above this are dropped
     max_tokens: int = 4096  #: tokens per batch, padding included (max of source and target side)
+    bpe_dropout: float = 0.0  #: training only: skip each BPE merge with this probability, anew per batch; 0 = off
 
     def __post_init__(self) -> None:
         _check(
@@ -120,6 +121,12 @@ class DataConfig:
         for name in ("vocab_size", "max_len", "max_tokens"):
             _check(getattr(self, name) > 0, f"data.{name}", "must be positive")
         _check(self.max_ratio >= 1.0, "data.max_ratio", "must be >= 1")
+        _check(0.0 <= self.bpe_dropout < 1.0, "data.bpe_dropout", "must be in [0, 1)")
+        _check(
+            self.bpe_dropout == 0.0 or self.spm_model_type == "bpe",
+            "data.bpe_dropout",
+            f"needs data.spm_model_type=bpe (got {self.spm_model_type})",
+        )
         _check(self.max_tokens >= self.max_len + 2, "data.max_tokens", "must hold at least one sentence of max_len")
 
     @property

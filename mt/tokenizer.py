@@ -16,6 +16,7 @@ Text may be normalised before sentencepiece sees it (``data.text``):
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -158,3 +159,61 @@ class Tokenizer:
 
     def tgt_pieces(self, ids: list[int]) -> list[str]:
         return [self.tgt.id_to_piece(i) for i in ids]
+
+
+class MergeDropout:
+    """BPE-dropout (Provilkov et al., 2020) on a sentencepiece BPE model.
+
+    A word is segmented as BPE does it, from characters up, applying at each
+    step the highest-ranked merge that yields a vocabulary piece, except that
+    each candidate merge is skipped with probability ``p`` at that step (it
+    may be applied at a later one). With ``p = 0`` this is exactly
+    sentencepiece's segmentation. sentencepiece has a sampling mode of its
+    own, but its random stream cannot be reproduced across processes, so a
+    run could be neither repeated nor resumed; here ``rng`` drives every draw.
+    """
+
+    def __init__(self, proc: spm.SentencePieceProcessor):
+        self.proc = proc
+        self.rank = {
+            proc.id_to_piece(i): proc.get_score(i)  # higher = merged earlier
+            for i in range(proc.get_piece_size())
+            if not (proc.is_control(i) or proc.is_unknown(i) or proc.is_unused(i))
+        }
+
+    def words(self, texts: list[str]) -> list[list[str]]:
+        """Each line as sentencepiece's normalised words (``▁`` marks where a
+        word starts), read off its deterministic segmentation."""
+        out = []
+        for pieces in self.proc.encode(texts, out_type=str):
+            words: list[str] = []
+            for piece in pieces:
+                if piece.startswith("▁") or not words:
+                    words.append(piece)
+                else:
+                    words[-1] += piece
+            out.append(words)
+        return out
+
+    def segment(self, word: str, p: float, rng: random.Random) -> list[str]:
+        symbols: list[str] = []
+        for ch in word:  # characters; a run of unknown ones is one symbol (one <unk>), as in sentencepiece
+            if ch not in self.rank and symbols and symbols[-1] not in self.rank:
+                symbols[-1] += ch
+            else:
+                symbols.append(ch)
+        while len(symbols) > 1:
+            best, at = None, -1
+            for i in range(len(symbols) - 1):
+                score = self.rank.get(symbols[i] + symbols[i + 1])
+                # A candidate that cannot beat the best kept one needs no draw.
+                if score is not None and (best is None or score > best) and (p == 0 or rng.random() >= p):
+                    best, at = score, i
+            if at < 0:
+                break
+            symbols[at : at + 2] = [symbols[at] + symbols[at + 1]]
+        return symbols
+
+    def sample(self, words: list[str], p: float, rng: random.Random) -> list[int]:
+        """The ids of one line (given as ``words``) under BPE-dropout ``p``."""
+        return [self.proc.piece_to_id(piece) for word in words for piece in self.segment(word, p, rng)]

@@ -2,6 +2,7 @@ import functools
 import gzip
 import hashlib
 import http.server
+import random
 import threading
 from collections import Counter
 from pathlib import Path
@@ -14,7 +15,7 @@ from mt.cli import main
 from mt.config import ConfigError, DataConfig
 from mt.data import Split, TokenBatchSampler, TranslationDataModule, padding_waste, prepare
 from mt.errors import DataError
-from mt.tokenizer import TextNormalizer, Tokenizer
+from mt.tokenizer import MergeDropout, TextNormalizer, Tokenizer
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -256,3 +257,88 @@ def test_paper_text_mode_travels_with_the_tokenizer(data_cfg, corpus_splits, tmp
 def test_unknown_text_mode_is_a_config_error():
     with pytest.raises(ConfigError, match="data.text"):
         DataConfig(text="lower")
+
+
+def test_packing_into_a_fixed_number_of_batches():
+    """BPE-dropout changes lengths every epoch; the batch count must not change."""
+    src, tgt = lengths(600, seed=3)
+    sampler = TokenBatchSampler(src, tgt, 400, shuffle=False)
+    order, longer = sampler._sorted(sampler.src_lens, sampler.tgt_lens, torch.Generator())
+    greedy = sampler._pack(order, longer, 400)
+    length_of = dict(zip(order, longer))
+
+    def cost(batch):
+        return len(batch) * max(length_of[i] for i in batch)
+
+    for n in (len(greedy) - 5, len(greedy), len(greedy) + 7):
+        batches = sampler._pack_into(order, longer, n)
+        assert len(batches) == n
+        assert sum(batches, []) == order  # consecutive runs of the sorted pairs, none lost
+        if n >= len(greedy):  # at least as many batches as max_tokens needs: none costs more
+            assert max(map(cost, batches)) <= 400
+        else:
+            assert max(map(cost, batches)) > 400
+    assert len(sampler._pack_into(order[:3], longer[:3], 10)) == 3  # never an empty batch
+
+
+def test_merge_dropout_at_zero_is_sentencepiece_and_at_one_is_characters(data_cfg, corpus_splits):
+    prepare(data_cfg, verbose=False)
+    tok = Tokenizer.load(data_cfg.prepared_path())
+    merges, rng = MergeDropout(tok.src), random.Random(0)
+    lines = corpus_splits["train"][0] + corpus_splits["train"][1] + ["Ünseen wörds, ÇAPS & 123!"]
+    for line, words in zip(lines, merges.words(lines)):
+        assert merges.sample(words, 0.0, rng) == tok.src.encode(line)
+        for word in words:  # every merge skipped: characters (a run of unknown ones stays one <unk>)
+            pieces = merges.segment(word, 1.0, rng)
+            assert "".join(pieces) == word and all(len(x) == 1 for x in pieces if x in merges.rank)
+        assert tok.src.decode(merges.sample(words, 0.5, rng)) == tok.src.decode(tok.src.encode(line))
+
+
+def test_bpe_dropout_resegments_each_epoch(data_cfg):
+    data_cfg.bpe_dropout = 0.3
+    prepare(data_cfg, verbose=False)
+    tok = Tokenizer.load(data_cfg.prepared_path())
+
+    def epochs(seed):
+        dm = TranslationDataModule(data_cfg, seed=seed)
+        dm.setup()
+        loader = dm.train_dataloader()
+        out = []
+        for epoch in (0, 1):
+            loader.sampler.set_epoch(epoch)
+            out.append(list(loader))
+            assert len(out[-1]) == len(loader)  # the count Lightning was given holds every epoch
+        return dm.split("train"), out
+
+    train, (first, second) = epochs(seed=5)
+    assert [b.src.tolist() for b in epochs(seed=5)[1][0]] == [b.src.tolist() for b in first]  # reproducible
+    rows = {}
+    for epoch, batches in enumerate((first, second)):
+        seen = []
+        for batch in batches:
+            for row, i in enumerate(batch.index.tolist()):
+                src = batch.src[row][batch.src_mask[row]].tolist()
+                tgt = batch.tgt_out[row][batch.tgt_mask[row]].tolist()
+                assert src[-1] == tok.eos_id and tgt[-1] == tok.eos_id
+                # another segmentation of the same text: it decodes back losslessly
+                assert tok.src.decode(src[:-1]) == train.src_text[i]
+                assert tok.decode_tgt([tgt[:-1]]) == [train.tgt_text[i]]
+                assert len(tgt) - 1 >= len(train.tgt[i])  # never fewer pieces than the merges give
+                rows[epoch, i] = src, tgt
+                seen.append(i)
+        assert sorted(seen) == list(range(len(train)))
+    split_up = sum(rows[0, i][1] != [*train.tgt[i], tok.eos_id] for i in range(len(train)))
+    redrawn = sum(rows[0, i] != rows[1, i] for i in range(len(train)))
+    assert split_up > len(train) // 4 and redrawn > len(train) // 4
+    dm = TranslationDataModule(data_cfg, seed=5)
+    dm.setup()
+    for batch in dm.val_dataloader():  # evaluation keeps the deterministic segmentation
+        for row, i in enumerate(batch.index.tolist()):
+            assert batch.src[row][batch.src_mask[row]].tolist() == dm.split("val").src[i]
+
+
+def test_bpe_dropout_config_errors():
+    with pytest.raises(ConfigError, match="data.bpe_dropout: needs data.spm_model_type=bpe"):
+        DataConfig(spm_model_type="unigram", bpe_dropout=0.1)
+    with pytest.raises(ConfigError, match=r"data.bpe_dropout: must be in \[0, 1\)"):
+        DataConfig(bpe_dropout=1.0)

@@ -73,9 +73,16 @@ def test_resuming_a_copied_run_keeps_only_the_last_checkpoints(toy_data, tmp_pat
     assert "step=35.ckpt, step=40.ckpt" in json.loads((tmp_path / "b" / "model.json").read_text())["source"]
 
 
-def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path):
-    """Killed at an arbitrary moment; checkpoints every 7 steps fall mid-epoch."""
-    opts = ("train.max_steps=70", "train.val_every_steps=7", "train.keep_checkpoints=2")
+@pytest.mark.parametrize("bpe_dropout", [0.0, 0.2])
+def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path, bpe_dropout):
+    """Killed at an arbitrary moment; checkpoints every 7 steps fall mid-epoch.
+    With BPE-dropout the resumed run must also redraw the same segmentations."""
+    opts = (
+        "train.max_steps=70",
+        "train.val_every_steps=7",
+        "train.keep_checkpoints=2",
+        f"data.bpe_dropout={bpe_dropout}",
+    )
     assert main(train_args(toy_data, tmp_path / "full", *opts)) == 0
 
     run = tmp_path / "killed"
@@ -91,6 +98,7 @@ def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path):
     for ckpt in (run / "checkpoints").glob("*.ckpt"):  # every file is a complete checkpoint
         torch.load(ckpt, map_location="cpu", weights_only=True)
     assert main(train_args(toy_data, run, *opts)) == 0
+    print("FULL", metrics(tmp_path / "full"))
     assert metrics(run)[-1] == metrics(tmp_path / "full")[-1]
     a, b = load_file(tmp_path / "full" / "model.safetensors"), load_file(run / "model.safetensors")
     assert all(torch.equal(a[k], b[k]) for k in a)
