@@ -1,0 +1,57 @@
+"""Greedy validation BLEU of training runs side by side, averaged over
+windows of updates: a steadier comparison than single validations.
+
+    python scripts/val_windows.py runs/a runs/b [--window 500]
+
+Reads every ``logs/version_*/metrics.csv`` of each run directory (a resumed
+run has several); a validation logged at step ``s`` (0-based) belongs to
+update ``s + 1``, and window ``(lo, hi]`` holds the updates after ``lo`` up
+to ``hi``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from pathlib import Path
+
+
+def validations(run_dir: Path) -> dict[int, float]:
+    """Update number -> greedy validation BLEU (a later version wins)."""
+    logs = sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1]))
+    if not logs:
+        sys.exit(f"{run_dir}: no logs/version_*/metrics.csv")
+    out = {}
+    for path in logs:
+        with open(path) as f:
+            for row in csv.DictReader(f):
+                if row.get("val_bleu"):
+                    out[int(row["step"]) + 1] = float(row["val_bleu"])
+    if not out:
+        sys.exit(f"{run_dir}: no validation BLEU logged yet")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("--window", type=int, default=500, help="updates per window (default 500)")
+    args = parser.parse_args()
+    runs = [validations(r) for r in args.runs]
+    last = max(max(r) for r in runs)
+    print(f"{'updates':>13}" + "".join(f"{r.name[-24:]:>26}" for r in args.runs))
+    for lo in range(0, last, args.window):
+        hi = lo + args.window
+        cells = []
+        for r in runs:
+            scores = [b for step, b in r.items() if lo < step <= hi]
+            cells.append(f"{sum(scores) / len(scores):.2f} ({len(scores)})" if scores else "-")
+        print(f"{lo + 1:>6}-{hi:<6}" + "".join(f"{c:>26}" for c in cells))
+    for name, r in zip(args.runs, runs):
+        step = max(r, key=r.get)
+        print(f"{name}: best {r[step]:.2f} at update {step}, last {r[max(r)]:.2f} at update {max(r)}")
+
+
+if __name__ == "__main__":
+    main()
