@@ -109,7 +109,7 @@ class DataConfig:
     max_len: int = 100  #: training pairs longer than this (subword tokens) are dropped
     max_ratio: float = 3.0  #: training pairs with a longer/shorter length ratio above this are dropped
     max_tokens: int = 4096  #: tokens per batch, padding included (max of source and target side)
-    bpe_dropout: float = 0.0  #: training only: skip each BPE merge with this probability, resegmenting every epoch; 0 = off
+    bpe_dropout: float = 0.0  #: training only: skip each BPE merge with this probability, every epoch anew; 0 = off
 
     def __post_init__(self) -> None:
         _check(
