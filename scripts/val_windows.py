@@ -1,7 +1,7 @@
 """Greedy validation BLEU of training runs side by side, averaged over
 windows of updates: a steadier comparison than single validations.
 
-    python scripts/val_windows.py runs/a runs/b [--window 500]
+    python scripts/val_windows.py runs/a runs/b [--window 500] [--upto N]
 
 Reads every ``logs/version_*/metrics.csv`` of each run directory (a resumed
 run has several); a validation logged at step ``s`` (0-based) belongs to
@@ -37,12 +37,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--window", type=int, default=500, help="updates per window (default 500)")
+    parser.add_argument("--upto", type=int, default=None, help="ignore validations after this update")
     args = parser.parse_args()
     runs = [validations(r) for r in args.runs]
+    if args.upto is not None:
+        runs = [{step: b for step, b in r.items() if step <= args.upto} for r in runs]
     last = max(max(r) for r in runs)
     print(f"{'updates':>13}" + "".join(f"{r.name[-24:]:>26}" for r in args.runs))
     for lo in range(0, last, args.window):
-        hi = lo + args.window
+        hi = min(lo + args.window, last)
         cells = []
         for r in runs:
             scores = [b for step, b in r.items() if lo < step <= hi]
