@@ -38,7 +38,8 @@ class ModelConfig:
     enc_layers: int = 3  #: encoder layers
     dec_layers: int = 3  #: decoder layers
     d_ff: int = 1024  #: feed-forward inner width
-    dropout: float = 0.1  #: dropout on embeddings, sublayer outputs and FFN
+    dropout: float = 0.1  #: dropout on embeddings and sublayer outputs
+    activation_dropout: float | None = None  #: dropout on the FFN's hidden activations; None = dropout
     attn_dropout: float = 0.0  #: dropout on attention weights
     activation: str = "relu"  #: relu | gelu
     norm_first: bool = True  #: pre-LN (True) or post-LN (False)
@@ -61,6 +62,8 @@ class ModelConfig:
         )
         for name in ("dropout", "attn_dropout"):
             _check(0.0 <= getattr(self, name) < 1.0, f"model.{name}", "must be in [0, 1)")
+        if self.activation_dropout is not None:
+            _check(0.0 <= self.activation_dropout < 1.0, "model.activation_dropout", "must be in [0, 1)")
         _check(self.activation in ("relu", "gelu"), "model.activation", f"unknown activation {self.activation!r}")
         _check(
             self.positional in ("sinusoidal", "learned"),

@@ -74,7 +74,7 @@ class FeedForward(nn.Module):
         self.w_1 = Linear(cfg.d_model, cfg.d_ff)
         self.w_2 = Linear(cfg.d_ff, cfg.d_model)
         self.relu = cfg.activation == "relu"
-        self.dropout = Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout)
         for layer in (self.w_1, self.w_2):
             nn.init.xavier_uniform_(layer.weight)
             nn.init.zeros_(layer.bias)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from mt.config import ConfigError, ModelConfig, load_config
+from mt.layers import FeedForward
 from mt.model import DecoderCache, Transformer
 
 PAD, BOS = 0, 1
@@ -133,12 +134,21 @@ def test_too_long_sequence_is_a_clear_error(model):
         ("n_heads", 0, "model.n_heads"),
         ("activation", "tanh", "model.activation"),
         ("dropout", 1.5, "model.dropout"),
+        ("activation_dropout", 1.0, "model.activation_dropout"),
         ("positional", "rope", "model.positional"),
     ],
 )
 def test_config_validation_names_the_field(field, value, match):
     with pytest.raises(ConfigError, match=match):
         dataclasses.replace(tiny_config(), **{field: value})
+
+
+@pytest.mark.parametrize(("activation_dropout", "random"), [(None, True), (0.0, False), (0.5, True)])
+def test_ffn_dropout_follows_activation_dropout(activation_dropout, random):
+    """The FFN's inner dropout is model.dropout unless activation_dropout is set."""
+    ffn = FeedForward(tiny_config(dropout=0.5, activation_dropout=activation_dropout)).train()
+    x = torch.randn(4, 7, 32)
+    assert (not torch.equal(ffn(x), ffn(x))) == random
 
 
 def test_yaml_config_errors_name_file_and_key(tmp_path):
