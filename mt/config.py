@@ -226,6 +226,12 @@ def _type_ok(value: Any, hint: Any) -> bool:
     return isinstance(value, hint)
 
 
+def _wants_float(value: Any, hint: Any) -> bool:
+    """An int given for a float field (``lr: 1``, ``max_minutes: 60``) is stored as a float."""
+    floats = hint is float or float in typing.get_args(hint)
+    return floats and isinstance(value, int) and not isinstance(value, bool)
+
+
 def _build(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: {prefix or 'top level'} must be a mapping, got {type(raw).__name__}")
@@ -244,7 +250,7 @@ def _build(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
             shown = getattr(hint, "__name__", str(hint))
             raise ConfigError(f"{where}: {prefix}{name} must be {shown}, got {value!r}")
         else:
-            kwargs[name] = float(value) if hint is float else value
+            kwargs[name] = float(value) if _wants_float(value, hint) else value
     try:
         return cls(**kwargs)
     except ConfigError as e:

@@ -161,5 +161,7 @@ def test_yaml_config_errors_name_file_and_key(tmp_path):
         load_config(path)
     path.write_text("model:\n  d_model: 96\n  n_heads: 4\n")
     assert load_config(path, ["model.n_heads=8"]).model.n_heads == 8
+    cfg = load_config(path, ["model.activation_dropout=0", "train.max_minutes=60", "train.lr=1"])
+    assert [type(v) for v in (cfg.model.activation_dropout, cfg.train.max_minutes, cfg.train.lr)] == [float] * 3
     with pytest.raises(ConfigError, match="not divisible"):
         load_config(path, ["model.n_heads=5"])
