@@ -64,6 +64,13 @@ class TranslationModule(L.LightningModule):
         self.log("train_loss", loss, prog_bar=True, batch_size=int(n_tokens))
         return loss
 
+    def on_before_optimizer_step(self, optimizer) -> None:
+        # before clipping: shows how often train.clip_grad_norm bites (fairseq's "gnorm");
+        # Lightning writes it every train.log_every_steps with the other step metrics
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+        self.log("grad_norm", norm, batch_size=1)
+
     def on_validation_epoch_start(self) -> None:
         self._val_nll = self._val_tokens = 0.0
         self._val_hyps = {}

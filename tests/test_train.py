@@ -1,7 +1,9 @@
 """Training on the toy config: it learns, it is reproducible, it resumes after
 SIGKILL, it runs under DDP on CPU, and config mistakes are clear errors."""
 
+import csv
 import json
+import math
 import os
 import shutil
 import signal
@@ -10,10 +12,11 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, metrics, mt_cmd, train_args
+from conftest import ROOT, TOY, metrics, mt_cmd, train_args
 from safetensors.torch import load_file
 
 from mt.cli import main
+from mt.config import load_config
 from mt.data import TokenBatchSampler
 
 
@@ -22,6 +25,15 @@ def test_toy_model_learns(toy_run):
     assert best > 80.0
     for name in ("config.yaml", "model.safetensors", "model.json", "spm.model", "checkpoints/best.ckpt"):
         assert (toy_run / name).exists()
+
+
+def test_gradient_norm_is_logged_before_clipping(toy_run):
+    with open(next((toy_run / "logs").glob("version_*")) / "metrics.csv") as f:
+        norms = [float(r["grad_norm"]) for r in csv.DictReader(f) if r.get("grad_norm")]
+    t = load_config(TOY).train
+    assert len(norms) == t.max_steps // t.log_every_steps
+    assert all(math.isfinite(n) and n > 0 for n in norms)
+    assert 0 < t.clip_grad_norm < max(norms)  # early toy gradients exceed the clip: the norm is taken before clipping
 
 
 def test_same_seed_same_metrics(toy_data, tmp_path):
