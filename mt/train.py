@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -29,6 +30,11 @@ from mt.errors import MTError
 from mt.inference import export_model
 from mt.lit import TranslationModule
 from mt.model import Transformer
+
+# Noise a user cannot act on: Lightning's advertisement for its cloud logger, and
+# its own use of an API that torch has deprecated.
+logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "💡 Tip" not in r.getMessage())
+warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):
