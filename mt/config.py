@@ -151,6 +151,7 @@ class TrainConfig:
     max_minutes: float | None = None  #: wall-clock limit for training
     lr: float = 1e-3  #: peak learning rate, reached after warmup
     warmup_steps: int = 4000
+    cooldown_steps: int = 0  #: the last N of max_steps updates take the rate linearly down to 0; 0 = off
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
@@ -168,6 +169,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _check(self.lr > 0, "train.lr", "must be positive")
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
+        _check(self.cooldown_steps >= 0, "train.cooldown_steps", "must be >= 0")
+        _check(
+            self.cooldown_steps == 0 or 0 < self.cooldown_steps <= self.max_steps,
+            "train.cooldown_steps",
+            "needs train.max_steps and cannot exceed it",
+        )
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
         _check(self.accumulate_grad_batches >= 1, "train.accumulate_grad_batches", "must be >= 1")
         _check(

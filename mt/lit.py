@@ -18,14 +18,20 @@ from mt.search import SearchSettings, greedy_search
 from mt.tokenizer import Tokenizer
 
 
-def inverse_sqrt(warmup: int):
-    """Linear warmup to the peak learning rate, then decay with 1/sqrt(step)."""
+def inverse_sqrt(warmup: int, cooldown: int = 0, total: int = -1):
+    """Linear warmup to the peak learning rate, then decay with 1/sqrt(step).
+
+    With ``cooldown`` > 0 the last ``cooldown`` of ``total`` updates also scale
+    that rate down linearly, reaching 1/cooldown of it at the last update
+    (a warmup-stable-decay cooldown; without it the schedule ignores ``total``).
+    """
 
     def factor(step: int) -> float:
         step += 1
-        if warmup == 0:
-            return 1.0 / math.sqrt(step)
-        return min(step / warmup, math.sqrt(warmup / step))
+        rate = 1.0 / math.sqrt(step) if warmup == 0 else min(step / warmup, math.sqrt(warmup / step))
+        if cooldown > 0:
+            rate *= min(1.0, max(total - step + 1, 0) / cooldown)
+        return rate
 
     return factor
 
@@ -96,7 +102,7 @@ class TranslationModule(L.LightningModule):
     def configure_optimizers(self):
         t = self.cfg.train
         opt = torch.optim.AdamW(self.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
-        schedule = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt(t.warmup_steps))
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt(t.warmup_steps, t.cooldown_steps, t.max_steps))
         return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 from mt.cli import main
 from mt.config import load_config
 from mt.data import TokenBatchSampler
+from mt.lit import inverse_sqrt
 
 
 def test_toy_model_learns(toy_run):
@@ -34,6 +35,17 @@ def test_gradient_norm_is_logged_before_clipping(toy_run):
     assert len(norms) == t.max_steps // t.log_every_steps
     assert all(math.isfinite(n) and n > 0 for n in norms)
     assert 0 < t.clip_grad_norm < max(norms)  # early toy gradients exceed the clip: the norm is taken before clipping
+
+
+def test_schedule_warms_up_decays_and_cools_down():
+    plain, cooled = inverse_sqrt(warmup=100), inverse_sqrt(warmup=100, cooldown=200, total=1000)
+    rates = [plain(i) for i in range(1000)]  # factor(i) sets the rate of update i + 1
+    assert rates[0] == pytest.approx(0.01) and rates[99] == pytest.approx(1.0)
+    assert rates[399] == pytest.approx(0.5)  # 1/sqrt(step) after warmup: a quarter of the way, half the rate
+    assert all(a < b for a, b in zip(rates[:99], rates[1:100])) and all(a > b for a, b in zip(rates[99:], rates[100:]))
+    assert [cooled(i) for i in range(800)] == rates[:800]  # identical until the cooldown starts
+    assert cooled(899) == pytest.approx(rates[899] * 101 / 200)  # linear: halfway down at its middle
+    assert cooled(999) == pytest.approx(rates[999] / 200) and cooled(1000) == 0.0
 
 
 def test_same_seed_same_metrics(toy_data, tmp_path):
@@ -137,6 +149,7 @@ def test_ddp_two_processes_on_cpu(toy_data, tmp_path):
         ("train.learning_rate=0.1", "unknown key train.learning_rate"),
         ("train.max_steps=many", "train.max_steps must be int"),
         ("model.activation=swish", "model.activation"),
+        ("train.cooldown_steps=100000", "train.cooldown_steps: needs train.max_steps"),
     ],
 )
 def test_config_errors_are_one_line(toy_data, tmp_path, capsys, override, message):
