@@ -157,6 +157,8 @@ def train(cfg: Config) -> Path:
     resume = last if last.exists() else None
     if resume:
         print(f"resuming from {resume}")
+        # the checkpoints it warns about are the ones being resumed from
+        warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
     for f in tok.files(cfg.data.prepared_path()):
         (run_dir / f.name).write_bytes(f.read_bytes())
