@@ -48,6 +48,16 @@ def test_schedule_warms_up_decays_and_cools_down():
     assert cooled(999) == pytest.approx(rates[999] / 200) and cooled(1000) == 0.0
 
 
+def test_training_follows_the_cooldown(toy_data, tmp_path):
+    args = ("train.max_steps=40", "train.warmup_steps=10", "train.cooldown_steps=20", "train.log_every_steps=10")
+    assert main(train_args(toy_data, tmp_path / "r", *args, "train.val_every_steps=20")) == 0
+    with open(tmp_path / "r" / "logs" / "version_0" / "metrics.csv") as f:
+        lrs = [float(r["lr-AdamW"]) for r in csv.DictReader(f) if r.get("lr-AdamW")]
+    peak, plain = load_config(TOY).train.lr, inverse_sqrt(10)
+    assert len(lrs) == 4 and lrs[1] == pytest.approx(peak * plain(19))  # before the cooldown: 1/sqrt(step)
+    assert lrs[3] < peak * plain(39) / 5  # near the end: most of the way down to 0
+
+
 def test_same_seed_same_metrics(toy_data, tmp_path):
     short = ("train.max_steps=40", "train.val_every_steps=20")
     for name in ("a", "b"):
