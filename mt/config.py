@@ -281,7 +281,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Read a YAML config, apply overrides, validate. Errors name the file."""
+    """Read a YAML config, apply overrides, validate. Errors name the file and the overrides."""
     raw: dict = {}
     where = "overrides"
     if path is not None:
@@ -294,4 +294,6 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
     raw = apply_overrides(raw, list(overrides))
+    if path is not None and overrides:
+        where += " with " + " ".join(overrides)  # the fault may lie in either
     return Config.from_dict(raw, where)

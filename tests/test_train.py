@@ -166,6 +166,7 @@ def test_config_errors_are_one_line(toy_data, tmp_path, capsys, override, messag
     assert main(train_args(toy_data, tmp_path / "r", override)) == 1
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert "toy.yaml with data.prepared_dir=" in err and override in err  # names the file and the overrides
 
 
 def test_missing_prepared_data_and_unwritable_run_dir(toy_data, tmp_path, capsys):
