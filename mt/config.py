@@ -171,7 +171,7 @@ class TrainConfig:
         _check(self.warmup_steps >= 0, "train.warmup_steps", "must be >= 0")
         _check(self.cooldown_steps >= 0, "train.cooldown_steps", "must be >= 0")
         _check(
-            self.cooldown_steps == 0 or 0 < self.cooldown_steps <= self.max_steps,
+            self.cooldown_steps == 0 or self.cooldown_steps <= self.max_steps,
             "train.cooldown_steps",
             "needs train.max_steps and cannot exceed it",
         )
