@@ -1,5 +1,6 @@
 """Greedy validation BLEU of training runs side by side, averaged over
-windows of updates: a steadier comparison than single validations.
+windows of updates: a steadier comparison than single validations; and
+each run's median training throughput (target tokens/s).
 
     python scripts/val_windows.py runs/a runs/b [--window 500] [--upto N]
 
@@ -17,8 +18,8 @@ import sys
 from pathlib import Path
 
 
-def validations(run_dir: Path) -> dict[int, float]:
-    """Update number -> greedy validation BLEU (a later version wins)."""
+def logged(run_dir: Path, column: str) -> dict[int, float]:
+    """Update number -> the value of ``column`` logged there (a later version wins)."""
     logs = sorted((run_dir / "logs").glob("version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1]))
     if not logs:
         sys.exit(f"{run_dir}: no logs/version_*/metrics.csv")
@@ -26,11 +27,23 @@ def validations(run_dir: Path) -> dict[int, float]:
     for path in logs:
         with open(path) as f:
             for row in csv.DictReader(f):
-                if row.get("val_bleu"):
-                    out[int(row["step"]) + 1] = float(row["val_bleu"])
+                if row.get(column):
+                    out[int(row["step"]) + 1] = float(row[column])
+    return out
+
+
+def validations(run_dir: Path) -> dict[int, float]:
+    """Update number -> greedy validation BLEU."""
+    out = logged(run_dir, "val_bleu")
     if not out:
         sys.exit(f"{run_dir}: no validation BLEU logged yet")
     return out
+
+
+def median(values: list[float]) -> float:
+    values = sorted(values)
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def main() -> None:
@@ -53,7 +66,9 @@ def main() -> None:
         print(f"{lo + 1:>6}-{hi:<6}" + "".join(f"{c:>26}" for c in cells))
     for name, r in zip(args.runs, runs):
         step = max(r, key=r.get)
-        print(f"{name}: best {r[step]:.2f} at update {step}, last {r[max(r)]:.2f} at update {max(r)}")
+        print(f"{name}: best {r[step]:.2f} at update {step}, last {r[max(r)]:.2f} at update {max(r)}", end="")
+        speed = [v for step, v in logged(name, "tok_per_s").items() if args.upto is None or step <= args.upto]
+        print(f", median {median(speed):,.0f} target tokens/s" if speed else "")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,32 @@
+"""The helper scripts in scripts/ that read run directories."""
+
+import subprocess
+import sys
+
+from conftest import ROOT
+
+HEADER = "epoch,grad_norm,lr-AdamW,step,tok_per_s,train_loss,val_bleu,val_loss,val_ppl\n"
+
+
+def write_metrics(run_dir, version, rows):
+    path = run_dir / "logs" / f"version_{version}" / "metrics.csv"
+    path.parent.mkdir(parents=True)
+    path.write_text(HEADER + "".join(rows))
+
+
+def test_val_windows_averages_windows_and_reports_median_throughput(tmp_path):
+    run = tmp_path / "run"
+    # steps are 0-based: a row at step 99 is update 100
+    write_metrics(
+        run, 0, ["0,,,49,1000.0,5,,,\n", "0,,,99,,,10.0,3,20\n", "1,,,149,3000.0,4,,,\n", "1,,,199,,,30.0,2,7\n"]
+    )
+    # resumed from the checkpoint at update 100: update 200 is logged again, and the later version wins
+    write_metrics(run, 1, ["1,,,199,,,20.0,2,7\n", "2,,,249,2000.0,3,,,\n", "3,,,299,,,40.0,1,2\n"])
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "val_windows.py"), str(run), "--window", "200"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    lines = out.splitlines()
+    assert lines[1].split()[:3] == ["1-200", "15.00", "(2)"]  # updates 100 and 200: (10 + 20) / 2
+    assert lines[2].split()[:3] == ["201-300", "40.00", "(1)"]
+    assert lines[3].endswith("best 40.00 at update 300, last 40.00 at update 300, median 2,000 target tokens/s")
