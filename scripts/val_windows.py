@@ -16,6 +16,7 @@ import argparse
 import csv
 import sys
 from pathlib import Path
+from statistics import median
 
 
 def logged(run_dir: Path, column: str) -> dict[int, float]:
@@ -40,12 +41,6 @@ def validations(run_dir: Path) -> dict[int, float]:
     return out
 
 
-def median(values: list[float]) -> float:
-    values = sorted(values)
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
@@ -67,7 +62,7 @@ def main() -> None:
     for name, r in zip(args.runs, runs):
         step = max(r, key=r.get)
         print(f"{name}: best {r[step]:.2f} at update {step}, last {r[max(r)]:.2f} at update {max(r)}", end="")
-        speed = [v for step, v in logged(name, "tok_per_s").items() if args.upto is None or step <= args.upto]
+        speed = [v for update, v in logged(name, "tok_per_s").items() if args.upto is None or update <= args.upto]
         print(f", median {median(speed):,.0f} target tokens/s" if speed else "")
 
 
