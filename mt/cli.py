@@ -185,6 +185,8 @@ def _run_evaluate(args) -> None:
         name = args.split
     elif args.src and args.ref and not args.split:
         sources, refs = read_lines(Path(args.src)), read_lines(Path(args.ref))
+        if len(sources) != len(refs):
+            raise MTError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
         from mt.evaluate import run_config
 
         data, name = run_config(run_dir).get("data", {}), Path(args.src).stem

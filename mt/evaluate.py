@@ -69,15 +69,17 @@ def evaluate(
     paper_ref: Path | None = None,
 ) -> dict:
     if len(sources) != len(refs):
-        raise DataError(f"{len(sources)} source lines but {len(refs)} references")
+        raise DataError(f"{name}: {len(sources)} source lines but {len(refs)} references")
+    tok_refs = None
+    if paper_ref is not None:  # checked before decoding, which can take minutes
+        tok_refs = read_lines(paper_ref)
+        if len(tok_refs) != len(sources):
+            raise DataError(f"{paper_ref}: {len(tok_refs)} lines, expected {len(sources)}")
     hyps = translator.translate(sources)
     dtype = str(next(translator.model.parameters()).dtype).removeprefix("torch.")
     scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, "dtype": dtype}
     scores |= sacrebleu_scores(hyps, refs, lowercase=translator.tok.lowercase)
-    if paper_ref is not None:
-        tok_refs = read_lines(paper_ref)
-        if len(tok_refs) != len(hyps):
-            raise DataError(f"{paper_ref}: {len(tok_refs)} lines, expected {len(hyps)}")
+    if tok_refs is not None:
         p = paper_bleu(hyps, tok_refs, tgt_lang)
         scores["paper_bleu"] = round(p.score, 2)
         scores["paper_bleu_detail"] = f"{p} (lowercased, Moses-normalised and -tokenized vs {paper_ref.name})"

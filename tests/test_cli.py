@@ -166,6 +166,27 @@ def test_evaluate_writes_scores(toy_run, toy_test, tmp_path, capsys):
     assert "BLEU" in capsys.readouterr().out
 
 
+def test_evaluate_checks_line_counts_before_decoding(toy_run, toy_test, tmp_path, capsys, monkeypatch):
+    src, ref = toy_test
+    (tmp_path / "a.src").write_text("\n".join(src[:5]) + "\n")
+    (tmp_path / "a.ref").write_text("\n".join(ref[:4]) + "\n")
+    (tmp_path / "a.tok").write_text("\n".join(ref[:3]) + "\n")
+    from mt.inference import Translator
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("decoded before the line counts were checked")
+
+    monkeypatch.setattr(Translator, "translate", no_decoding)
+    args = ["evaluate", "--model", str(toy_run), "--src", str(tmp_path / "a.src")]
+    assert main([*args, "--ref", str(tmp_path / "a.ref")]) == 1
+    err = capsys.readouterr().err
+    assert "a.src has 5 lines" in err and "a.ref has 4" in err
+    (tmp_path / "a.ref").write_text("\n".join(ref[:5]) + "\n")
+    assert main([*args, "--ref", str(tmp_path / "a.ref"), "--paper", "--paper-ref", str(tmp_path / "a.tok")]) == 1
+    assert "a.tok: 3 lines, expected 5" in capsys.readouterr().err
+    assert not (toy_run / "eval" / "a.beam5.json").exists()
+
+
 def test_weights_during_translation_equal_force_decoding(toy_model, toy_test):
     model, tok, _ = toy_model
     src_ids = tok.encode_src([toy_test[0][0]])[0]
