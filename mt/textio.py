@@ -28,8 +28,15 @@ def atomic_output(path: str | Path) -> Iterator[IO[str]]:
     """Write to a temporary file beside ``path``; rename it into place only if
     the block finishes. On any error or Ctrl-C the partial file is removed."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    if path.is_dir():  # found now, not when the rename at the end fails
+        raise DataError(f"{path}: is a directory, not an output file")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    except FileExistsError:
+        raise DataError(f"{path}: cannot write, {path.parent} is not a directory") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot write ({e.strerror})") from None
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             yield f

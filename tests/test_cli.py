@@ -103,6 +103,17 @@ def test_bad_input_is_a_clear_error_and_leaves_no_output(toy_run, tmp_path, caps
     assert not out.exists() and not list(tmp_path.glob(".out.txt*"))
 
 
+def test_unwritable_output_is_a_clear_error(toy_run, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("the cat\n")
+    (tmp_path / "afile").write_text("")
+    args = ["translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "-o"]
+    assert main([*args, str(tmp_path / "afile" / "out.txt")]) == 1
+    assert "afile is not a directory" in capsys.readouterr().err
+    assert main([*args, str(tmp_path)]) == 1
+    assert "is a directory, not an output file" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "in.txt"]
+
+
 def test_atomic_output_on_interrupt(tmp_path):
     with pytest.raises(KeyboardInterrupt), atomic_output(tmp_path / "o.txt") as f:
         f.write("partial\n")
