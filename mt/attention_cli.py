@@ -29,7 +29,8 @@ def _select(value: str, n: int, what: str, allow_mean: bool = False) -> list[int
     try:
         i = int(value)
     except ValueError:
-        raise MTError(f"--{what} must be an index, 'all'{' or mean' if allow_mean else ''}; got {value!r}") from None
+        choices = "an index, 'all' or 'mean'" if allow_mean else "an index or 'all'"
+        raise MTError(f"--{what} must be {choices}; got {value!r}") from None
     if not 0 <= i < n:
         raise MTError(f"--{what} {i} out of range: the model has {n} ({what} 0..{n - 1})")
     return [i]
@@ -73,6 +74,9 @@ def run(args) -> None:
     else:
         sources = [args.src]
     kinds = list(KINDS) if args.kind == "all" else [args.kind]
+    for kind in kinds:  # a bad --layer or --head is found before any decoding
+        _select(args.layer, model.cfg.enc_layers if kind == "encoder" else model.cfg.dec_layers, "layer")
+    _select(args.head, model.cfg.n_heads, "head", allow_mean=True)
     limit = model.cfg.max_positions
     for n, text in enumerate(sources):
         src_ids = tok.encode_src([text])[0][: limit - 1]

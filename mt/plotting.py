@@ -12,6 +12,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from mt.textio import atomic_output  # noqa: E402
+
 CELL = 0.17  # inches per token: 40-token axes stay legible at 7 pt
 
 
@@ -52,9 +54,10 @@ def heatmap_grid(
 
 
 def save_figure(fig: plt.Figure, path: str | Path) -> None:
-    """Save as .png, .svg or .pdf (by suffix) and free the figure."""
+    """Save as .png, .svg or .pdf (by suffix), atomically, and free the figure."""
     try:
-        fig.savefig(path, dpi=110)
+        with atomic_output(path, binary=True) as f:
+            fig.savefig(f, format=Path(path).suffix.lstrip(".").lower(), dpi=110)
     finally:
         plt.close(fig)
 
@@ -125,4 +128,5 @@ def attention_html(kinds: dict[str, tuple[list[str], list[str], list[Tensor]]], 
         for name, (rows, cols, layers) in kinds.items()
     }
     page = _PAGE.format(title=html.escape(title), data=json.dumps(data, ensure_ascii=False).replace("</", "<\\/"))
-    Path(path).write_text(page, encoding="utf-8")
+    with atomic_output(path) as f:
+        f.write(page)

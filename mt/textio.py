@@ -24,9 +24,10 @@ def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | Path) -> Iterator[IO[str]]:
-    """Write to a temporary file beside ``path``; rename it into place only if
-    the block finishes. On any error or Ctrl-C the partial file is removed."""
+def atomic_output(path: str | Path, binary: bool = False) -> Iterator[IO]:
+    """Write to a temporary file beside ``path`` (UTF-8 text, or bytes with
+    ``binary``); rename it into place only if the block finishes. On any
+    error or Ctrl-C the partial file is removed."""
     path = Path(path)
     if path.is_dir():  # found now, not when the rename at the end fails
         raise DataError(f"{path}: is a directory, not an output file")
@@ -38,7 +39,7 @@ def atomic_output(path: str | Path) -> Iterator[IO[str]]:
     except OSError as e:
         raise DataError(f"{path}: cannot write ({e.strerror})") from None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with os.fdopen(fd, "wb") if binary else os.fdopen(fd, "w", encoding="utf-8") as f:
             yield f
             f.flush()
             os.fsync(f.fileno())

@@ -260,6 +260,13 @@ def test_attention_cli(toy_run, tmp_path, capsys):
     assert (tmp_path / "att-0.png").exists() and (tmp_path / "att-1.png").exists()
     assert main(["attention", "--model", str(toy_run), "--src", "cat", "--layer", "9", "--out", str(out)]) == 1
     assert "--layer 9 out of range" in capsys.readouterr().err
+    assert main(["attention", "--model", str(toy_run), "--src", "cat", "--head", "x", "--stats"]) == 1
+    assert "--head must be an index, 'all' or 'mean'; got 'x'" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("")
+    for bad in (["--out", str(tmp_path / "afile" / "a.png")], ["--html", str(tmp_path / "afile" / "a.html")]):
+        assert main(["attention", "--model", str(toy_run), "--src", "cat", *bad]) == 1
+        assert "afile is not a directory" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*partial*")) and not list(tmp_path.glob(".*"))
 
 
 def test_paper_text_model_normalises_input_and_scores_lowercase(toy_data, tmp_path, capsys):
