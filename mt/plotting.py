@@ -57,7 +57,7 @@ def save_figure(fig: plt.Figure, path: str | Path) -> None:
     """Save as .png, .svg or .pdf (by suffix), atomically, and free the figure."""
     try:
         with atomic_output(path, binary=True) as f:
-            fig.savefig(f, format=Path(path).suffix.lstrip(".").lower(), dpi=110)
+            fig.savefig(f, format=Path(path).suffix.lstrip(".").lower() or None, dpi=110)  # None: png
     finally:
         plt.close(fig)
 
