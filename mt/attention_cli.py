@@ -77,6 +77,9 @@ def run(args) -> None:
     for kind in kinds:  # a bad --layer or --head is found before any decoding
         _select(args.layer, model.cfg.enc_layers if kind == "encoder" else model.cfg.dec_layers, "layer")
     _select(args.head, model.cfg.n_heads, "head", allow_mean=True)
+    align_layer = args.align_layer if args.align_layer is not None else max(model.cfg.dec_layers - 2, 0)
+    if args.align:
+        _select(str(align_layer), model.cfg.dec_layers, "align-layer")
     limit = model.cfg.max_positions
     for n, text in enumerate(sources):
         src_ids = tok.encode_src([text])[0][: limit - 1]
@@ -103,10 +106,8 @@ def run(args) -> None:
         if args.stats:
             print(format_table([r for kind in kinds for r in head_table(maps, kind)]))
         if args.align:
-            layer = args.align_layer if args.align_layer is not None else max(len(maps.cross) - 2, 0)
-            _select(str(layer), len(maps.cross), "align-layer")
-            print(f"alignment (cross-attention layer {layer}, heads averaged; source-target piece indices):")
-            print(pharaoh(alignment(maps, layer)))
+            print(f"alignment (cross-attention layer {align_layer}, heads averaged; source-target piece indices):")
+            print(pharaoh(alignment(maps, align_layer)))
         if args.html:
             path = Path(args.html)
             if index is not None:

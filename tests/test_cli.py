@@ -262,11 +262,14 @@ def test_attention_cli(toy_run, tmp_path, capsys):
     assert "--layer 9 out of range" in capsys.readouterr().err
     assert main(["attention", "--model", str(toy_run), "--src", "cat", "--head", "x", "--stats"]) == 1
     assert "--head must be an index, 'all' or 'mean'; got 'x'" in capsys.readouterr().err
+    assert main(["attention", "--model", str(toy_run), "--src", "cat", "--align", "--align-layer", "7"]) == 1
+    captured = capsys.readouterr()
+    assert "--align-layer 7 out of range" in captured.err and "target:" not in captured.out  # before decoding
     (tmp_path / "afile").write_text("")
     for bad in (["--out", str(tmp_path / "afile" / "a.png")], ["--html", str(tmp_path / "afile" / "a.html")]):
         assert main(["attention", "--model", str(toy_run), "--src", "cat", *bad]) == 1
         assert "afile is not a directory" in capsys.readouterr().err
-    assert not list(tmp_path.glob("*partial*")) and not list(tmp_path.glob(".*"))
+    assert not list(tmp_path.glob(".*"))  # no temporary file left behind
 
 
 def test_paper_text_model_normalises_input_and_scores_lowercase(toy_data, tmp_path, capsys):
