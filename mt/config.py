@@ -155,6 +155,7 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
+    rdrop_alpha: float = 0.0  #: R-Drop: run each batch twice, add alpha x the passes' symmetric KL; 0 = off
     clip_grad_norm: float = 1.0  #: 0 = off
     accumulate_grad_batches: int = 1
     precision: str = "32-true"  #: Lightning precision: 32-true | bf16-mixed | 16-mixed
@@ -176,6 +177,7 @@ class TrainConfig:
             "needs train.max_steps and cannot exceed it",
         )
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
+        _check(self.rdrop_alpha >= 0.0, "train.rdrop_alpha", "must be >= 0")
         _check(self.accumulate_grad_batches >= 1, "train.accumulate_grad_batches", "must be >= 1")
         _check(
             self.precision in ("32-true", "32", "bf16-mixed", "16-mixed", "bf16-true"),

@@ -11,7 +11,7 @@ import torch
 
 from mt.config import Config
 from mt.data import Batch
-from mt.loss import linear_cross_entropy
+from mt.loss import linear_cross_entropy, linear_rdrop_cross_entropy
 from mt.metrics import bleu
 from mt.model import Transformer
 from mt.search import SearchSettings, greedy_search
@@ -55,13 +55,30 @@ class TranslationModule(L.LightningModule):
         loss = linear_cross_entropy(states, self.model.output_weight, batch.tgt_out, self.tok.pad_id, label_smoothing)
         return loss, batch.tgt_mask.sum()
 
+    def rdrop_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """R-Drop: the batch twice in one forward pass (independent dropout), both
+        cross-entropies plus ``train.rdrop_alpha`` x their symmetric KL.
+        Returns the summed loss, its token count (both passes) and the summed KL."""
+        states = self.model.hidden(torch.cat([batch.src, batch.src]), torch.cat([batch.tgt_in, batch.tgt_in]))
+        first, second = states.chunk(2)
+        t = self.cfg.train
+        loss, kl = linear_rdrop_cross_entropy(
+            first, second, self.model.output_weight, batch.tgt_out, self.tok.pad_id, t.label_smoothing, t.rdrop_alpha
+        )
+        return loss, 2 * batch.tgt_mask.sum(), kl
+
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         if self._pending_rng is not None:  # resumed: continue the dropout stream where it stopped
             torch.set_rng_state(self._pending_rng)
             self._pending_rng = None
 
     def training_step(self, batch: Batch, batch_idx: int) -> torch.Tensor:
-        loss_sum, n_tokens = self.loss(batch, self.cfg.train.label_smoothing)
+        if self.cfg.train.rdrop_alpha > 0:
+            loss_sum, n_tokens, kl = self.rdrop_loss(batch)
+            # mean over target tokens of (KL(a||b) + KL(b||a)) / 2
+            self.log("rdrop_kl", 2 * kl / n_tokens, batch_size=int(n_tokens))
+        else:
+            loss_sum, n_tokens = self.loss(batch, self.cfg.train.label_smoothing)
         loss = loss_sum / n_tokens
         now = time.perf_counter()
         if self._clock is not None:

@@ -65,3 +65,93 @@ def linear_cross_entropy(
     return _LinearCrossEntropy.apply(
         hidden.reshape(-1, hidden.size(-1)), weight, target.reshape(-1), ignore_index, label_smoothing, chunk
     )
+
+
+class _LinearRDropCrossEntropy(torch.autograd.Function):
+    """Two dropout passes over the same targets: both cross-entropies plus
+    ``alpha`` times their symmetric KL, chunk by chunk like the class above."""
+
+    @staticmethod
+    def forward(ctx, hidden_a, hidden_b, weight, target, ignore_index: int, smoothing: float, alpha: float, chunk: int):
+        n, vocab = hidden_a.size(0), weight.size(0)
+        dtype = torch.promote_types(hidden_a.dtype, torch.float32)
+        ce = torch.zeros((), dtype=dtype, device=hidden_a.device)
+        kl = torch.zeros_like(ce)
+        grad_a, grad_b = torch.empty_like(hidden_a), torch.empty_like(hidden_b)
+        grad_weight = torch.zeros_like(weight, dtype=dtype)
+        for start in range(0, n, chunk):
+            ha, hb, y = hidden_a[start : start + chunk], hidden_b[start : start + chunk], target[start : start + chunk]
+            valid = (y != ignore_index).to(dtype)
+            logp = []
+            for h in (ha, hb):
+                logits = (h @ weight.t()).to(dtype)
+                lse = torch.logsumexp(logits, dim=-1)
+                nll = lse - logits.gather(1, y[:, None])[:, 0]
+                smooth = lse - logits.mean(dim=-1)
+                ce += (((1.0 - smoothing) * nll + smoothing * smooth) * valid).sum()
+                logp.append(logits.sub_(lse[:, None]))  # log-probabilities, in place
+            log_ratio = logp[0] - logp[1]  # log p_a - log p_b
+            p_a, p_b = logp[0].exp_(), logp[1].exp_()  # the log-probabilities are not needed any more
+            kl_ab = (p_a * log_ratio).sum(-1)  # KL(p_a || p_b) per row
+            kl_ba = -(p_b * log_ratio).sum(-1)
+            kl += (0.5 * (kl_ab + kl_ba) * valid).sum()
+            # d/dz_a of KL(a||b) + KL(b||a) = p_a * (log_ratio - KL(a||b)) + p_a - p_b; the same for b
+            # with log_ratio, KL and the difference negated. The cross-entropy's: p - eps/V - (1-eps) onehot.
+            diff = p_a - p_b
+            ga = p_a * (log_ratio - kl_ab[:, None]) + diff
+            gb = p_b * (-log_ratio - kl_ba[:, None]) - diff
+            for g, p, h, out in ((ga, p_a, ha, grad_a), (gb, p_b, hb, grad_b)):
+                g.mul_(0.5 * alpha).add_(p).sub_(smoothing / vocab)
+                g.scatter_add_(1, y[:, None], torch.full_like(valid[:, None], smoothing - 1.0))
+                g.mul_(valid[:, None])
+                g = g.to(weight.dtype)
+                out[start : start + chunk] = g @ weight
+                grad_weight += g.t() @ h.to(weight.dtype)
+        ctx.save_for_backward(grad_a, grad_b, grad_weight)
+        ctx.weight_dtype = weight.dtype
+        ctx.mark_non_differentiable(kl)
+        return ce + alpha * kl, kl
+
+    @staticmethod
+    def backward(ctx, grad_loss, grad_kl):
+        grad_a, grad_b, grad_weight = ctx.saved_tensors
+        return (
+            grad_a * grad_loss,
+            grad_b * grad_loss,
+            (grad_weight * grad_loss).to(ctx.weight_dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def linear_rdrop_cross_entropy(
+    hidden_a: Tensor,
+    hidden_b: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    ignore_index: int,
+    label_smoothing: float = 0.0,
+    alpha: float = 1.0,
+    chunk: int = 512,
+) -> tuple[Tensor, Tensor]:
+    """R-Drop (Liang et al. 2021): the loss of two passes of one batch with different dropout.
+
+    ``hidden_a`` and ``hidden_b``: (..., D), the decoder states of the two passes for the same ``target``.
+    Returns the summed label-smoothed cross-entropy of both passes plus ``alpha`` times the summed
+    symmetric KL, ``sum(KL(p_a||p_b) + KL(p_b||p_a)) / 2`` over non-ignored rows, and that KL alone
+    (not differentiable; for logging). Gradients flow into both passes, as in the paper's code.
+    """
+    d = hidden_a.size(-1)
+    return _LinearRDropCrossEntropy.apply(
+        hidden_a.reshape(-1, d),
+        hidden_b.reshape(-1, d),
+        weight,
+        target.reshape(-1),
+        ignore_index,
+        label_smoothing,
+        alpha,
+        chunk,
+    )
