@@ -176,7 +176,7 @@ def _run_evaluate(args) -> None:
     from pathlib import Path
 
     from mt.corpus import read_lines
-    from mt.evaluate import evaluate, find_paper_reference, split_texts
+    from mt.evaluate import evaluate, find_paper_reference, split_texts, variant_suffix
 
     translator, meta = _translator(args)
     run_dir = Path(args.model)
@@ -197,7 +197,8 @@ def _run_evaluate(args) -> None:
         paper_ref = Path(args.paper_ref) if args.paper_ref else find_paper_reference(data, name)
         if paper_ref is None:
             raise MTError(f"--paper: no tokenized reference found for {name}; give --paper-ref FILE")
-    scores = evaluate(translator, run_dir, sources, refs, name, data.get("tgt_lang", "de"), paper_ref)
+    variant = variant_suffix(args.alpha, args.dtype, args.max_len_a, args.max_len_b)
+    scores = evaluate(translator, run_dir, sources, refs, name, data.get("tgt_lang", "de"), paper_ref, variant)
     if args.json:
         print(json.dumps(scores, indent=2))
     else:

@@ -14,6 +14,7 @@ from mt.corpus import ENV_DATA_DIR, read_lines
 from mt.errors import DataError
 from mt.inference import Translator
 from mt.metrics import paper_bleu, sacrebleu_scores
+from mt.search import SearchSettings
 from mt.textio import atomic_output
 
 
@@ -59,6 +60,16 @@ def find_paper_reference(data: dict, split: str) -> Path | None:
     return candidate if candidate.exists() else None
 
 
+def variant_suffix(alpha: float, dtype: str, max_len_a: float, max_len_b: int) -> str:
+    """The decoding options that differ from the defaults, for file names:
+    ``.alpha0.6.bfloat16`` for ``--alpha 0.6 --dtype bfloat16``; empty for the defaults."""
+    parts = [f"alpha{alpha:g}"] if alpha != 1.0 else []
+    parts += [dtype] if dtype != "auto" else []
+    default_len = (SearchSettings.max_len_a, SearchSettings.max_len_b)
+    parts += [f"len{max_len_a:g}x+{max_len_b}"] if (max_len_a, max_len_b) != default_len else []
+    return "".join(f".{p}" for p in parts)
+
+
 def evaluate(
     translator: Translator,
     run_dir: Path,
@@ -67,7 +78,10 @@ def evaluate(
     name: str,
     tgt_lang: str,
     paper_ref: Path | None = None,
+    variant: str = "",
 ) -> dict:
+    """Translate ``sources``, score them and write ``eval/NAME.beamK[VARIANT].hyp`` and ``.json``
+    into ``run_dir``; ``variant`` (see :func:`variant_suffix`) keeps runs with other settings apart."""
     if len(sources) != len(refs):
         raise DataError(f"{name}: {len(sources)} source lines but {len(refs)} references")
     tok_refs = None
@@ -77,14 +91,15 @@ def evaluate(
             raise DataError(f"{paper_ref}: {len(tok_refs)} lines, expected {len(sources)}")
     hyps = translator.translate(sources)
     dtype = str(next(translator.model.parameters()).dtype).removeprefix("torch.")
-    scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, "dtype": dtype}
+    scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, "alpha": translator.alpha}
+    scores |= {"max_len": f"{translator.settings.max_len_a:g}*src+{translator.settings.max_len_b}", "dtype": dtype}
     scores |= sacrebleu_scores(hyps, refs, lowercase=translator.tok.lowercase)
     if tok_refs is not None:
         p = paper_bleu(hyps, tok_refs, tgt_lang)
         scores["paper_bleu"] = round(p.score, 2)
         scores["paper_bleu_detail"] = f"{p} (lowercased, Moses-normalised and -tokenized vs {paper_ref.name})"
     out = run_dir / "eval"
-    stem = f"{name}.beam{translator.beam}"
+    stem = f"{name}.beam{translator.beam}{variant}"
     with atomic_output(out / f"{stem}.hyp") as f:
         f.writelines(h + "\n" for h in hyps)
     with atomic_output(out / f"{stem}.json") as f:

@@ -295,3 +295,19 @@ def test_paper_text_model_normalises_input_and_scores_lowercase(toy_data, tmp_pa
 
     scores = json.loads(capsys.readouterr().out)
     assert "case:lc" in scores["bleu_signature"] and scores["bleu"] > 20  # an untrained model scores ~0
+
+
+def test_evaluate_keeps_other_decoding_settings_apart(toy_run, toy_test, tmp_path, capsys):
+    src, ref = toy_test
+    (tmp_path / "v.src").write_text("\n".join(src[:20]) + "\n")
+    (tmp_path / "v.ref").write_text("\n".join(ref[:20]) + "\n")
+    args = ["evaluate", "--model", str(toy_run), "--src", str(tmp_path / "v.src"), "--ref", str(tmp_path / "v.ref")]
+    assert main(args) == 0
+    assert main([*args, "--alpha", "0.6", "--dtype", "float32"]) == 0
+    capsys.readouterr()
+    import json
+
+    default = json.loads((toy_run / "eval" / "v.beam5.json").read_text())
+    other = json.loads((toy_run / "eval" / "v.beam5.alpha0.6.float32.json").read_text())
+    assert (default["alpha"], other["alpha"], other["dtype"]) == (1.0, 0.6, "float32")
+    assert len((toy_run / "eval" / "v.beam5.alpha0.6.float32.hyp").read_text().splitlines()) == 20
