@@ -17,11 +17,27 @@ import torch
 from torch import Tensor
 
 
+def _smoothed_nll(logits: Tensor, y: Tensor, valid: Tensor, smoothing: float) -> tuple[Tensor, Tensor]:
+    """Summed label-smoothed cross-entropy of the valid rows of ``logits`` (n, V), and their logsumexp."""
+    lse = torch.logsumexp(logits, dim=-1)
+    nll = lse - logits.gather(1, y[:, None])[:, 0]
+    smooth = lse - logits.mean(dim=-1)  # mean over classes of -log p
+    return (((1.0 - smoothing) * nll + smoothing * smooth) * valid).sum(), lse
+
+
+def _smoothed_nll_grad_(grad: Tensor, y: Tensor, valid: Tensor, smoothing: float) -> Tensor:
+    """In place: ``grad`` (softmax plus any other term) minus the smoothed one-hot target,
+    ``(1 - eps) onehot(y) + eps / V``, zero for ignored rows: the gradient with respect to the logits."""
+    grad.sub_(smoothing / grad.size(-1))
+    grad.scatter_add_(1, y[:, None], torch.full_like(valid[:, None], smoothing - 1.0, dtype=grad.dtype))
+    return grad.mul_(valid[:, None])
+
+
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, target, ignore_index: int, smoothing: float, chunk: int):
         # hidden: (N, D), weight: (V, D), target: (N,)
-        n, vocab = hidden.size(0), weight.size(0)
+        n = hidden.size(0)
         need_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
         loss = torch.zeros((), dtype=torch.promote_types(hidden.dtype, torch.float32), device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_grad else None
@@ -29,17 +45,11 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, n, chunk):
             h, y = hidden[start : start + chunk], target[start : start + chunk]
             logits = (h @ weight.t()).to(loss.dtype)  # (n_c, V), at least float32
-            lse = torch.logsumexp(logits, dim=-1)  # (n_c,)
             valid = (y != ignore_index).float()
-            nll = lse - logits.gather(1, y[:, None])[:, 0]
-            smooth = lse - logits.mean(dim=-1)  # mean over classes of -log p
-            loss += (((1.0 - smoothing) * nll + smoothing * smooth) * valid).sum()
+            chunk_loss, lse = _smoothed_nll(logits, y, valid, smoothing)
+            loss += chunk_loss
             if need_grad:
-                # d loss / d logits = softmax - (1 - eps) onehot(y) - eps / V, zero for ignored rows
-                grad = logits.sub_(lse[:, None]).exp_().sub_(smoothing / vocab)
-                grad.scatter_add_(1, y[:, None], torch.full_like(lse[:, None], smoothing - 1.0))
-                grad.mul_(valid[:, None])
-                grad = grad.to(weight.dtype)
+                grad = _smoothed_nll_grad_(logits.sub_(lse[:, None]).exp_(), y, valid, smoothing).to(weight.dtype)
                 grad_hidden[start : start + chunk] = grad @ weight
                 grad_weight += grad.t() @ h.to(weight.dtype)
         ctx.save_for_backward(grad_hidden, grad_weight)
@@ -73,7 +83,7 @@ class _LinearRDropCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden_a, hidden_b, weight, target, ignore_index: int, smoothing: float, alpha: float, chunk: int):
-        n, vocab = hidden_a.size(0), weight.size(0)
+        n = hidden_a.size(0)
         dtype = torch.promote_types(hidden_a.dtype, torch.float32)
         ce = torch.zeros((), dtype=dtype, device=hidden_a.device)
         kl = torch.zeros_like(ce)
@@ -85,10 +95,8 @@ class _LinearRDropCrossEntropy(torch.autograd.Function):
             logp = []
             for h in (ha, hb):
                 logits = (h @ weight.t()).to(dtype)
-                lse = torch.logsumexp(logits, dim=-1)
-                nll = lse - logits.gather(1, y[:, None])[:, 0]
-                smooth = lse - logits.mean(dim=-1)
-                ce += (((1.0 - smoothing) * nll + smoothing * smooth) * valid).sum()
+                chunk_loss, lse = _smoothed_nll(logits, y, valid, smoothing)
+                ce += chunk_loss
                 logp.append(logits.sub_(lse[:, None]))  # log-probabilities, in place
             log_ratio = logp[0] - logp[1]  # log p_a - log p_b
             p_a, p_b = logp[0].exp_(), logp[1].exp_()  # the log-probabilities are not needed any more
@@ -96,15 +104,12 @@ class _LinearRDropCrossEntropy(torch.autograd.Function):
             kl_ba = -(p_b * log_ratio).sum(-1)
             kl += (0.5 * (kl_ab + kl_ba) * valid).sum()
             # d/dz_a of KL(a||b) + KL(b||a) = p_a * (log_ratio - KL(a||b)) + p_a - p_b; the same for b
-            # with log_ratio, KL and the difference negated. The cross-entropy's: p - eps/V - (1-eps) onehot.
+            # with log_ratio, KL and the difference negated
             diff = p_a - p_b
             ga = p_a * (log_ratio - kl_ab[:, None]) + diff
             gb = p_b * (-log_ratio - kl_ba[:, None]) - diff
             for g, p, h, out in ((ga, p_a, ha, grad_a), (gb, p_b, hb, grad_b)):
-                g.mul_(0.5 * alpha).add_(p).sub_(smoothing / vocab)
-                g.scatter_add_(1, y[:, None], torch.full_like(valid[:, None], smoothing - 1.0))
-                g.mul_(valid[:, None])
-                g = g.to(weight.dtype)
+                g = _smoothed_nll_grad_(g.mul_(0.5 * alpha).add_(p), y, valid, smoothing).to(weight.dtype)
                 out[start : start + chunk] = g @ weight
                 grad_weight += g.t() @ h.to(weight.dtype)
         ctx.save_for_backward(grad_a, grad_b, grad_weight)
