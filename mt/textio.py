@@ -23,6 +23,14 @@ def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
         yield text.rstrip("\n").rstrip("\r")
 
 
+def _file_in_the_way(path: Path) -> Path:
+    """The outermost ancestor of ``path`` that exists and is not a directory."""
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return path.parent
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | Path, binary: bool = False) -> Iterator[IO]:
     """Write to a temporary file beside ``path`` (UTF-8 text, or bytes with
@@ -34,8 +42,8 @@ def atomic_output(path: str | Path, binary: bool = False) -> Iterator[IO]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    except FileExistsError:
-        raise DataError(f"{path}: cannot write, {path.parent} is not a directory") from None
+    except (FileExistsError, NotADirectoryError):
+        raise DataError(f"{path}: cannot write, {_file_in_the_way(path)} is not a directory") from None
     except OSError as e:
         raise DataError(f"{path}: cannot write ({e.strerror})") from None
     try:

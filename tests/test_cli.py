@@ -107,8 +107,9 @@ def test_unwritable_output_is_a_clear_error(toy_run, tmp_path, capsys):
     (tmp_path / "in.txt").write_text("the cat\n")
     (tmp_path / "afile").write_text("")
     args = ["translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "-o"]
-    assert main([*args, str(tmp_path / "afile" / "out.txt")]) == 1
-    assert "afile is not a directory" in capsys.readouterr().err
+    for nested in (("out.txt",), ("sub", "out.txt")):  # the file in the way is named, however deep
+        assert main([*args, str(tmp_path.joinpath("afile", *nested))]) == 1
+        assert f"{tmp_path / 'afile'} is not a directory" in capsys.readouterr().err
     assert main([*args, str(tmp_path)]) == 1
     assert "is a directory, not an output file" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "in.txt"]
