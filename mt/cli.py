@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from mt import __version__
+from mt.config import DECODING
 from mt.errors import MTError
 
 
@@ -72,16 +73,24 @@ def _device(name: str) -> str:
 
 def _add_decoding_options(p) -> None:
     p.add_argument("--model", required=True, help="run directory (model.safetensors, model.json, spm*.model)")
-    p.add_argument("--beam", type=int, default=5, help="beam size; 1 = greedy (default 5)")
-    p.add_argument("--alpha", type=float, default=1.0, help="length penalty: score / length**alpha (default 1.0)")
+    d = DECODING
+    p.add_argument("--beam", type=int, default=d.beam, help=f"beam size; 1 = greedy (default {d.beam})")
+    p.add_argument(
+        "--alpha", type=float, default=d.alpha, help=f"length penalty: score / length**alpha (default {d.alpha})"
+    )
     p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default 64)")
-    p.add_argument("--max-len-a", type=float, default=1.5, help="output length limit a*source_len+b (default 1.5)")
-    p.add_argument("--max-len-b", type=int, default=10, help="(default 10)")
+    p.add_argument(
+        "--max-len-a",
+        type=float,
+        default=d.max_len_a,
+        help=f"output length limit a*source_len+b (default {d.max_len_a})",
+    )
+    p.add_argument("--max-len-b", type=int, default=d.max_len_b, help=f"(default {d.max_len_b})")
     p.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda, cuda:1, ...")
     p.add_argument(
         "--dtype",
         choices=["auto", "float32", "bfloat16"],
-        default="auto",
+        default=d.dtype,
         help="weights and activations while decoding: auto (default) = bfloat16 on GPUs that support it, "
         "else float32. On CPUs with AVX512-BF16/AMX, bfloat16 pays for wide models (1.4x at d_model 256) "
         "but not for small ones (0.8-0.95x at d_model 128); same BLEU in our tests. Search scores stay float32.",

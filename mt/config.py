@@ -199,6 +199,22 @@ class TrainerConfig:
     num_nodes: int = 1
 
 
+@dataclass(frozen=True)
+class DecodingDefaults:
+    """What ``mt translate`` and ``mt evaluate`` decode with unless told
+    otherwise; the search, the CLI and evaluate's file names read them here
+    (a module without torch, so that ``mt --help`` stays fast)."""
+
+    beam: int = 5
+    alpha: float = 1.0  #: length penalty: score / length**alpha
+    max_len_a: float = 1.5  #: at most a * source_len + b output tokens
+    max_len_b: int = 10
+    dtype: str = "auto"
+
+
+DECODING = DecodingDefaults()
+
+
 @dataclass
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)

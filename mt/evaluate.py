@@ -9,12 +9,11 @@ from pathlib import Path
 
 import yaml
 
-from mt.config import DataConfig
+from mt.config import DECODING, DataConfig
 from mt.corpus import ENV_DATA_DIR, read_lines
 from mt.errors import DataError
 from mt.inference import Translator
 from mt.metrics import paper_bleu, sacrebleu_scores
-from mt.search import SearchSettings
 from mt.textio import atomic_output
 
 
@@ -63,9 +62,9 @@ def find_paper_reference(data: dict, split: str) -> Path | None:
 def variant_suffix(alpha: float, dtype: str, max_len_a: float, max_len_b: int) -> str:
     """The decoding options that differ from the defaults, for file names:
     ``.alpha0.6.bfloat16`` for ``--alpha 0.6 --dtype bfloat16``; empty for the defaults."""
-    parts = [f"alpha{alpha:g}"] if alpha != 1.0 else []
-    parts += [dtype] if dtype != "auto" else []
-    default_len = (SearchSettings.max_len_a, SearchSettings.max_len_b)
+    parts = [f"alpha{alpha:g}"] if alpha != DECODING.alpha else []
+    parts += [dtype] if dtype != DECODING.dtype else []
+    default_len = (DECODING.max_len_a, DECODING.max_len_b)
     parts += [f"len{max_len_a:g}x+{max_len_b}"] if (max_len_a, max_len_b) != default_len else []
     return "".join(f".{p}" for p in parts)
 

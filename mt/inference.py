@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_model, save_model
 
-from mt.config import ConfigError, ModelConfig
+from mt.config import DECODING, ConfigError, ModelConfig
 from mt.errors import ModelDirError
 from mt.model import Transformer
 from mt.search import SearchSettings, beam_search, greedy_search
@@ -91,11 +91,11 @@ class Translator:
         self,
         model: Transformer,
         tok: Tokenizer,
-        beam: int = 5,
-        alpha: float = 1.0,
+        beam: int = DECODING.beam,
+        alpha: float = DECODING.alpha,
         batch_size: int = 64,
-        max_len_a: float = 1.5,
-        max_len_b: int = 10,
+        max_len_a: float = DECODING.max_len_a,
+        max_len_b: int = DECODING.max_len_b,
         warn=None,
     ):
         self.model, self.tok = model, tok

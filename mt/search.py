@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from mt.config import DECODING
 from mt.model import DecoderCache, Transformer
 
 
@@ -31,8 +32,8 @@ class SearchSettings:
     bos_id: int
     eos_id: int
     pad_id: int
-    max_len_a: float = 1.5
-    max_len_b: int = 10
+    max_len_a: float = DECODING.max_len_a
+    max_len_b: int = DECODING.max_len_b
     min_len: int = 1  #: fewest tokens to generate, eos included (benchmarks force a fixed length)
 
 
