@@ -259,7 +259,8 @@ def _wants_float(value: Any, hint: Any) -> bool:
 
 def _build(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: {prefix or 'top level'} must be a mapping, got {type(raw).__name__}")
+        section = prefix.removesuffix(".") or "top level"
+        raise ConfigError(f"{where}: {section} must be a mapping, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)
@@ -270,7 +271,9 @@ def _build(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
     for name, value in raw.items():
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(hint, value or {}, where, f"{prefix}{name}.")
+            kwargs[name] = _build(
+                hint, {} if value is None else value, where, f"{prefix}{name}."
+            )  # "train:" alone = defaults
         elif not _type_ok(value, hint):
             shown = getattr(hint, "__name__", str(hint))
             raise ConfigError(f"{where}: {prefix}{name} must be {shown}, got {value!r}")
@@ -306,11 +309,14 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
         path = Path(path)
         where = str(path)
         try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        raw = {} if loaded is None else loaded  # an empty file: all defaults
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
     raw = apply_overrides(raw, list(overrides))
     if path is not None and overrides:
         where += " with " + " ".join(overrides)  # the fault may lie in either

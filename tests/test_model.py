@@ -165,3 +165,12 @@ def test_yaml_config_errors_name_file_and_key(tmp_path):
     assert [type(v) for v in (cfg.model.activation_dropout, cfg.train.max_minutes, cfg.train.lr)] == [float] * 3
     with pytest.raises(ConfigError, match="not divisible"):
         load_config(path, ["model.n_heads=5"])
+    for falsy in ("0", "[]", "''"):  # not a mapping, however empty
+        path.write_text(f"train: {falsy}\n")
+        with pytest.raises(ConfigError, match=r"c\.yaml: train must be a mapping"):
+            load_config(path)
+    path.write_text("- model\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: the top level must be a mapping of sections, got list"):
+        load_config(path)
+    path.write_text("train:\n")
+    assert load_config(path).train == load_config(None).train  # an empty section keeps the defaults
