@@ -49,7 +49,7 @@ def _run_train(args) -> None:
 def _add_average(sub) -> None:
     p = sub.add_parser("average", help="average the last N checkpoints of a run into its inference model")
     p.add_argument("--model", required=True, help="run directory")
-    p.add_argument("--last", type=int, required=True, help="how many of the kept step checkpoints")
+    p.add_argument("--last", type=int, required=True, help="how many of the kept step checkpoints; 0 = the best one")
 
 
 def _run_average(args) -> None:
@@ -58,6 +58,8 @@ def _run_average(args) -> None:
     from mt.config import load_config
     from mt.train import export_from_checkpoints
 
+    if args.last < 0:
+        raise MTError(f"--last must be >= 0 (0 = the best checkpoint), got {args.last}")
     run_dir = Path(args.model)
     cfg = load_config(run_dir / "config.yaml")
     print(f"inference model written: {export_from_checkpoints(cfg, run_dir, args.last)}")
@@ -132,6 +134,8 @@ def _run_translate(args) -> None:
 
     from mt.textio import atomic_output, utf8_lines
 
+    if args.beam < 1:
+        raise MTError("--beam must be at least 1")
     if not 1 <= args.n_best <= args.beam:
         raise MTError(f"--n-best must be between 1 and --beam ({args.beam})")
     translator, _ = _translator(args)

@@ -110,9 +110,7 @@ def check_writable(run_dir: Path) -> None:
 
 
 def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
-    """Element-wise mean of the model weights in Lightning checkpoints."""
-    if not paths:
-        raise MTError("no checkpoints to average")
+    """Element-wise mean of the model weights in Lightning checkpoints (at least one)."""
     total: dict[str, torch.Tensor] = {}
     for p in paths:
         state = torch.load(p, map_location="cpu", weights_only=True)["state_dict"]
@@ -131,12 +129,16 @@ def export_from_checkpoints(cfg: Config, run_dir: Path, average_last: int) -> st
     """Write the inference model: the best checkpoint, or the mean of the last N."""
     if average_last > 0:
         paths = step_checkpoints(run_dir / "checkpoints")[-average_last:]
+        if not paths:
+            raise MTError(f"{run_dir / 'checkpoints'}: no step checkpoints (step=N.ckpt) to average")
         state = average_checkpoints(paths)
         source = f"average of {len(paths)} checkpoints: " + ", ".join(p.name for p in paths)
     else:
         best = run_dir / "checkpoints" / "best.ckpt"
         if not best.exists():
             best = run_dir / "checkpoints" / "last.ckpt"
+        if not best.exists():
+            raise MTError(f"{run_dir / 'checkpoints'}: neither best.ckpt nor last.ckpt to export")
         state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
         source = best.name
     model = Transformer(cfg.model)

@@ -115,6 +115,12 @@ def test_unwritable_output_is_a_clear_error(toy_run, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "in.txt"]
 
 
+def test_bad_search_options_are_named(toy_run, capsys):
+    for opts, message in ((["--beam", "0"], "--beam must be at least 1"), (["--n-best", "6"], "--n-best must be")):
+        assert main(["translate", "--model", str(toy_run), *opts]) == 1
+        assert message in capsys.readouterr().err
+
+
 def test_atomic_output_on_interrupt(tmp_path):
     with pytest.raises(KeyboardInterrupt), atomic_output(tmp_path / "o.txt") as f:
         f.write("partial\n")

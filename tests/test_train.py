@@ -121,6 +121,28 @@ def test_resuming_a_copied_run_keeps_only_the_last_checkpoints(toy_data, tmp_pat
     assert "step=35.ckpt, step=40.ckpt" in json.loads((tmp_path / "b" / "model.json").read_text())["source"]
 
 
+def test_average_command_rewrites_the_inference_model(toy_data, tmp_path, capsys):
+    run = tmp_path / "r"
+    opts = ("train.max_steps=20", "train.val_every_steps=5", "train.keep_checkpoints=3", "train.average_last=3")
+    assert main(train_args(toy_data, run, *opts)) == 0
+    assert main(["average", "--model", str(run), "--last", "1"]) == 0
+    assert json.loads((run / "model.json").read_text())["source"] == "average of 1 checkpoints: step=20.ckpt"
+    exported = load_file(run / "model.safetensors")
+    last = torch.load(run / "checkpoints" / "step=20.ckpt", weights_only=True)["state_dict"]
+    assert all(torch.equal(v, last[f"model.{k}"]) for k, v in exported.items())
+    assert main(["average", "--model", str(run), "--last", "0"]) == 0
+    assert json.loads((run / "model.json").read_text())["source"] == "best.ckpt"
+    capsys.readouterr()
+    assert main(["average", "--model", str(run), "--last", "-1"]) == 1
+    assert "--last must be >= 0" in capsys.readouterr().err
+    for ckpt in (run / "checkpoints").glob("*.ckpt"):
+        ckpt.unlink()
+    for last_n, message in (("2", "no step checkpoints (step=N.ckpt) to average"), ("0", "neither best.ckpt nor")):
+        assert main(["average", "--model", str(run), "--last", last_n]) == 1
+        err = capsys.readouterr().err
+        assert f"{run / 'checkpoints'}: {message}" in err and "Traceback" not in err
+
+
 @pytest.mark.parametrize("bpe_dropout", [0.0, 0.2])
 def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path, bpe_dropout):
     """Killed at an arbitrary moment; checkpoints every 7 steps fall mid-epoch.
