@@ -66,10 +66,24 @@ def _run_average(args) -> None:
 
 
 def _device(name: str) -> str:
+    """--device: auto = the first CUDA GPU if there is one, else the CPU; an
+    unknown or absent device is an error here, not deep inside torch."""
     import torch
 
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise MTError(f"--device {name}: not a device name (cpu, cuda, cuda:N, ...)") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count()  # 0 without a GPU or a CUDA build of torch
+        if count == 0:
+            raise MTError(f"--device {name}: no CUDA GPU available (torch {torch.__version__})")
+        if device.index is not None and device.index >= count:
+            raise MTError(f"--device {name}: only {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    elif device.type != "cpu":
+        raise MTError(f"--device {name}: mt decodes on cpu or cuda")
     return name
 
 

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -20,11 +21,12 @@ from pathlib import Path
 import lightning as L
 import torch
 import yaml
+from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from mt.config import Config
+from mt.config import Config, ConfigError
 from mt.data import TranslationDataModule
 from mt.errors import MTError
 from mt.inference import export_model
@@ -199,7 +201,7 @@ def train(cfg: Config) -> Path:
             "val_check_interval": t.val_every_steps * t.accumulate_grad_batches,
             "check_val_every_n_epoch": None,
         }
-    trainer = L.Trainer(
+    trainer_args = dict(
         default_root_dir=run_dir,
         accelerator=cfg.trainer.accelerator,
         devices=cfg.trainer.devices,
@@ -222,6 +224,11 @@ def train(cfg: Config) -> Path:
         deterministic=True,
         **val_every,
     )
+    try:
+        trainer = L.Trainer(**trainer_args)
+    except (MisconfigurationException, ValueError, TypeError) as e:  # e.g. a GPU asked for where there is none
+        chosen = " ".join(f"trainer.{k}={v}" for k, v in dataclasses.asdict(cfg.trainer).items())
+        raise ConfigError(f"{chosen}: cannot run here: {e}") from None
     start = time.perf_counter()
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     minutes = (time.perf_counter() - start) / 60

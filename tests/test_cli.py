@@ -116,7 +116,14 @@ def test_unwritable_output_is_a_clear_error(toy_run, tmp_path, capsys):
 
 
 def test_bad_search_options_are_named(toy_run, capsys):
-    for opts, message in ((["--beam", "0"], "--beam must be at least 1"), (["--n-best", "6"], "--n-best must be")):
+    bad = [
+        (["--beam", "0"], "--beam must be at least 1"),
+        (["--n-best", "6"], "--n-best must be"),
+        (["--device", "tpu"], "--device tpu: not a device name"),
+        (["--device", "meta"], "--device meta: mt decodes on cpu or cuda"),
+        (["--device", "cuda:99"], "--device cuda:99: "),  # no GPU, or not that many
+    ]
+    for opts, message in bad:
         assert main(["translate", "--model", str(toy_run), *opts]) == 1
         assert message in capsys.readouterr().err
 

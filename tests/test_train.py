@@ -206,6 +206,12 @@ def test_config_errors_are_one_line(toy_data, tmp_path, capsys, override, messag
     assert "toy.yaml with data.prepared_dir=" in err and override in err  # names the file and the overrides
 
 
+def test_trainer_settings_that_cannot_run_are_one_line(toy_data, tmp_path, capsys):
+    assert main(train_args(toy_data, tmp_path / "r", "trainer.strategy=nonsense")) == 1
+    err = capsys.readouterr().err
+    assert "trainer.strategy=nonsense" in err and "cannot run here" in err and "Traceback" not in err
+
+
 def test_missing_prepared_data_and_unwritable_run_dir(toy_data, tmp_path, capsys):
     assert main(train_args(tmp_path / "nothing", tmp_path / "r")) == 1
     assert "run `mt prepare" in capsys.readouterr().err
