@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from mt.errors import MTError
@@ -62,8 +63,8 @@ def run(args) -> None:
         raise MTError(f"--out {args.out}: use a .png, .svg or .pdf file name")
     if not (args.out or args.stats or args.align or args.html):
         raise MTError("nothing to do: give --out FILE.png, --stats, --align and/or --html FILE")
-    if args.temperature <= 0:
-        raise MTError("--temperature must be positive")
+    if not 0 < args.temperature < math.inf:  # NaN fails this too
+        raise MTError(f"--temperature must be a positive number, got {args.temperature}")
     model, tok, _ = load(args.model)
     if args.src_file:
         from mt.corpus import read_lines

@@ -8,6 +8,7 @@ raised as :class:`mt.errors.MTError` subclasses and printed as one line.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from mt import __version__
@@ -118,6 +119,13 @@ def _translator(args):
 
     if args.beam < 1 or args.batch_size < 1:
         raise MTError("--beam and --batch-size must be at least 1")
+    if not math.isfinite(args.alpha):
+        raise MTError(f"--alpha must be a finite number, got {args.alpha}")
+    if not (0 <= args.max_len_a < math.inf and args.max_len_b >= 0 and args.max_len_a + args.max_len_b > 0):
+        raise MTError(
+            f"--max-len-a {args.max_len_a} --max-len-b {args.max_len_b}: the output length limit a*source_len+b "
+            "needs a >= 0, b >= 0, not both 0"
+        )
     model, tok, meta = load(args.model, _device(args.device))
     model = model.to(decoding_dtype(args.dtype, next(model.parameters()).device))
 
