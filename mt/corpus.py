@@ -156,7 +156,8 @@ def load_hf(cfg: DataConfig) -> Splits:
         try:
             ds = datasets.load_dataset(name, cfg.hf_config)
         except Exception as e:  # network, missing dataset, bad config name: all reported the same way
-            raise DataError(f"cannot load Hugging Face dataset {name!r} ({cfg.hf_config}): {e}") from None
+            subset = f", subset {cfg.hf_config!r}" if cfg.hf_config else ""
+            raise DataError(f"data.hf_name: cannot load Hugging Face dataset {name!r}{subset}: {e}") from None
     if isinstance(ds, datasets.Dataset):
         ds = datasets.DatasetDict({cfg.train_split: ds})
     splits = {}

@@ -211,6 +211,22 @@ def test_cli_prepare_reports_errors_in_one_line(tmp_path, monkeypatch, capsys):
     assert "unknown key data.vocab_sise" in capsys.readouterr().err
 
 
+def test_unreachable_hf_dataset_is_one_line(tmp_path, monkeypatch, capsys):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach the Hub")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    (tmp_path / "c.yaml").write_text("data:\n  corpus: x\n  source: hf\n  hf_name: someone/corpus\n")
+    assert main(["prepare", "--config", "c.yaml"]) == 1
+    err = capsys.readouterr().err
+    assert "data.hf_name: cannot load Hugging Face dataset 'someone/corpus': Couldn't reach the Hub" in err
+    assert main(["prepare", "--config", "c.yaml", "data.hf_config=de-en"]) == 1
+    assert "'someone/corpus', subset 'de-en': Couldn't" in capsys.readouterr().err
+
+
 def test_counts_in_summary_match_batches(data_cfg):
     prepare(data_cfg, verbose=False)
     dm = TranslationDataModule(data_cfg)
