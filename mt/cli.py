@@ -95,7 +95,7 @@ def _add_decoding_options(p) -> None:
     p.add_argument(
         "--alpha", type=float, default=d.alpha, help=f"length penalty: score / length**alpha (default {d.alpha})"
     )
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per batch (default 64)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sentences per batch (default {d.batch_size})")
     p.add_argument(
         "--max-len-a",
         type=float,

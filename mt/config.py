@@ -207,6 +207,7 @@ class DecodingDefaults:
 
     beam: int = 5
     alpha: float = 1.0  #: length penalty: score / length**alpha
+    batch_size: int = 64  #: sentences decoded together
     max_len_a: float = 1.5  #: at most a * source_len + b output tokens
     max_len_b: int = 10
     dtype: str = "auto"

@@ -93,7 +93,7 @@ class Translator:
         tok: Tokenizer,
         beam: int = DECODING.beam,
         alpha: float = DECODING.alpha,
-        batch_size: int = 64,
+        batch_size: int = DECODING.batch_size,
         max_len_a: float = DECODING.max_len_a,
         max_len_b: int = DECODING.max_len_b,
         warn=None,
