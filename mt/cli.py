@@ -114,11 +114,10 @@ def _add_decoding_options(p) -> None:
     )
 
 
-def _translator(args):
-    from mt.inference import Translator, decoding_dtype, load
-
-    if args.beam < 1 or args.batch_size < 1:
-        raise MTError("--beam and --batch-size must be at least 1")
+def _check_decoding_options(args) -> None:
+    for option, value in (("--beam", args.beam), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise MTError(f"{option} must be at least 1, got {value}")
     if not math.isfinite(args.alpha):
         raise MTError(f"--alpha must be a finite number, got {args.alpha}")
     if not (0 <= args.max_len_a < math.inf and args.max_len_b >= 0 and args.max_len_a + args.max_len_b > 0):
@@ -126,6 +125,12 @@ def _translator(args):
             f"--max-len-a {args.max_len_a} --max-len-b {args.max_len_b}: the output length limit a*source_len+b "
             "needs a >= 0, b >= 0, not both 0"
         )
+
+
+def _translator(args):
+    from mt.inference import Translator, decoding_dtype, load
+
+    _check_decoding_options(args)
     model, tok, meta = load(args.model, _device(args.device))
     model = model.to(decoding_dtype(args.dtype, next(model.parameters()).device))
 
@@ -156,8 +161,7 @@ def _run_translate(args) -> None:
 
     from mt.textio import atomic_output, utf8_lines
 
-    if args.beam < 1:
-        raise MTError("--beam must be at least 1")
+    _check_decoding_options(args)  # before --n-best, which is checked against --beam
     if not 1 <= args.n_best <= args.beam:
         raise MTError(f"--n-best must be between 1 and --beam ({args.beam})")
     translator, _ = _translator(args)

@@ -272,9 +272,8 @@ def _build(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
     for name, value in raw.items():
         hint = hints[name]
         if dataclasses.is_dataclass(hint):
-            kwargs[name] = _build(
-                hint, {} if value is None else value, where, f"{prefix}{name}."
-            )  # "train:" alone = defaults
+            section = {} if value is None else value  # "train:" alone keeps the defaults
+            kwargs[name] = _build(hint, section, where, f"{prefix}{name}.")
         elif not _type_ok(value, hint):
             shown = getattr(hint, "__name__", str(hint))
             raise ConfigError(f"{where}: {prefix}{name} must be {shown}, got {value!r}")

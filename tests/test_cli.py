@@ -117,7 +117,8 @@ def test_unwritable_output_is_a_clear_error(toy_run, tmp_path, capsys):
 
 def test_bad_search_options_are_named(toy_run, capsys):
     bad = [
-        (["--beam", "0"], "--beam must be at least 1"),
+        (["--beam", "0"], "--beam must be at least 1, got 0"),
+        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
         (["--n-best", "6"], "--n-best must be"),
         (["--device", "tpu"], "--device tpu: not a device name"),
         (["--device", "meta"], "--device meta: mt decodes on cpu or cuda"),
