@@ -52,7 +52,7 @@ def toy_data(tmp_path_factory):
 
 
 def mt_cmd(*args: str) -> list[str]:
-    return [sys.executable, "-m", "mt.cli", *args]
+    return [sys.executable, "-m", "mt", *args]  # mt/__main__.py, as `python -m mt` runs it
 
 
 def train_args(toy_data: Path, run_dir: Path, *overrides: str) -> list[str]:

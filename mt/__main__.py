@@ -1,0 +1,7 @@
+"""``python -m mt ...``: the ``mt`` command, for environments without its script on PATH."""
+
+import sys
+
+from mt.cli import main
+
+sys.exit(main())
