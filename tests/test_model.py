@@ -153,24 +153,21 @@ def test_ffn_dropout_follows_activation_dropout(activation_dropout, random):
 
 def test_yaml_config_errors_name_file_and_key(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("model:\n  d_modle: 128\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml.*unknown key model\.d_modle"):
-        load_config(path)
-    path.write_text("model:\n  d_model: big\n")
-    with pytest.raises(ConfigError, match=r"model\.d_model must be int"):
-        load_config(path)
+    bad = [
+        ("model:\n  d_modle: 128\n", r"c\.yaml.*unknown key model\.d_modle"),
+        ("model:\n  d_model: big\n", r"model\.d_model must be int"),
+        *((f"train: {falsy}\n", r"c\.yaml: train must be a mapping") for falsy in ("0", "[]", "''")),  # however empty
+        ("- model\n", r"c\.yaml: the top level must be a mapping of sections, got list"),
+    ]
+    for text, message in bad:
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=message):
+            load_config(path)
+    path.write_text("train:\n")
+    assert load_config(path).train == load_config(None).train  # an empty section keeps the defaults
     path.write_text("model:\n  d_model: 96\n  n_heads: 4\n")
     assert load_config(path, ["model.n_heads=8"]).model.n_heads == 8
     cfg = load_config(path, ["model.activation_dropout=0", "train.max_minutes=60", "train.lr=1"])
     assert [type(v) for v in (cfg.model.activation_dropout, cfg.train.max_minutes, cfg.train.lr)] == [float] * 3
     with pytest.raises(ConfigError, match="not divisible"):
         load_config(path, ["model.n_heads=5"])
-    for falsy in ("0", "[]", "''"):  # not a mapping, however empty
-        path.write_text(f"train: {falsy}\n")
-        with pytest.raises(ConfigError, match=r"c\.yaml: train must be a mapping"):
-            load_config(path)
-    path.write_text("- model\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml: the top level must be a mapping of sections, got list"):
-        load_config(path)
-    path.write_text("train:\n")
-    assert load_config(path).train == load_config(None).train  # an empty section keeps the defaults
