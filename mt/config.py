@@ -260,8 +260,10 @@ def _wants_float(value: Any, hint: Any) -> bool:
 
 def _build(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
     if not isinstance(raw, dict):
-        section = prefix.removesuffix(".") or "top level"
-        raise ConfigError(f"{where}: {section} must be a mapping, got {type(raw).__name__}")
+        what = "the top level must be a mapping of sections"  # as load_config says it
+        if prefix:
+            what = f"{prefix.removesuffix('.')} must be a mapping"
+        raise ConfigError(f"{where}: {what}, got {type(raw).__name__}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - names)

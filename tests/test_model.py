@@ -3,7 +3,7 @@ import dataclasses
 import pytest
 import torch
 
-from mt.config import ConfigError, ModelConfig, load_config
+from mt.config import Config, ConfigError, ModelConfig, load_config
 from mt.layers import FeedForward
 from mt.model import DecoderCache, Transformer
 
@@ -163,6 +163,8 @@ def test_yaml_config_errors_name_file_and_key(tmp_path):
         path.write_text(text)
         with pytest.raises(ConfigError, match=message):
             load_config(path)
+    with pytest.raises(ConfigError, match=r"^d\.json: the top level must be a mapping of sections, got list$"):
+        Config.from_dict(["model"], "d.json")  # the same words for callers that skip load_config
     path.write_text("train:\n")
     assert load_config(path).train == load_config(None).train  # an empty section keeps the defaults
     path.write_text("model:\n  d_model: 96\n  n_heads: 4\n")
