@@ -125,6 +125,8 @@ def _check_decoding_options(args) -> None:
             f"--max-len-a {args.max_len_a} --max-len-b {args.max_len_b}: the output length limit a*source_len+b "
             "needs a >= 0, b >= 0, not both 0"
         )
+    if not 1 <= getattr(args, "n_best", 1) <= args.beam:  # translate's --n-best
+        raise MTError(f"--n-best must be between 1 and --beam ({args.beam})")
 
 
 def _translator(args):
@@ -161,9 +163,6 @@ def _run_translate(args) -> None:
 
     from mt.textio import atomic_output, utf8_lines
 
-    _check_decoding_options(args)  # before --n-best, which is checked against --beam
-    if not 1 <= args.n_best <= args.beam:
-        raise MTError(f"--n-best must be between 1 and --beam ({args.beam})")
     translator, _ = _translator(args)
     if args.input is None and sys.stdin.isatty():
         _interactive(translator)
