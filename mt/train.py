@@ -134,7 +134,8 @@ def export_from_checkpoints(cfg: Config, run_dir: Path, average_last: int) -> st
         if not paths:
             raise MTError(f"{run_dir / 'checkpoints'}: no step checkpoints (step=N.ckpt) to average")
         state = average_checkpoints(paths)
-        source = f"average of {len(paths)} checkpoints: " + ", ".join(p.name for p in paths)
+        noun = "checkpoint" if len(paths) == 1 else "checkpoints"
+        source = f"average of {len(paths)} {noun}: " + ", ".join(p.name for p in paths)
     else:
         best = run_dir / "checkpoints" / "best.ckpt"
         if not best.exists():

@@ -126,7 +126,7 @@ def test_average_command_rewrites_the_inference_model(toy_data, tmp_path, capsys
     opts = ("train.max_steps=20", "train.val_every_steps=5", "train.keep_checkpoints=3", "train.average_last=3")
     assert main(train_args(toy_data, run, *opts)) == 0
     assert main(["average", "--model", str(run), "--last", "1"]) == 0
-    assert json.loads((run / "model.json").read_text())["source"] == "average of 1 checkpoints: step=20.ckpt"
+    assert json.loads((run / "model.json").read_text())["source"] == "average of 1 checkpoint: step=20.ckpt"
     exported = load_file(run / "model.safetensors")
     last = torch.load(run / "checkpoints" / "step=20.ckpt", weights_only=True)["state_dict"]
     assert all(torch.equal(v, last[f"model.{k}"]) for k, v in exported.items())
