@@ -131,7 +131,12 @@ class Tokenizer:
         for f in files:
             if not f.exists():
                 raise ModelDirError(f"{f}: tokenizer model missing")
-        procs = [spm.SentencePieceProcessor(model_file=str(f)) for f in files]
+        procs = []
+        for f in files:
+            try:
+                procs.append(spm.SentencePieceProcessor(model_file=str(f)))
+            except (RuntimeError, OSError) as e:  # sentencepiece: "could not parse ModelProto"
+                raise ModelDirError(f"{f}: unreadable sentencepiece model ({e})") from None
         text_path = Path(directory) / TEXT_JSON
         if not text_path.exists():
             return cls(procs[0], procs[-1])

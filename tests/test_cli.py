@@ -159,6 +159,10 @@ def test_model_directory_errors(toy_run, tmp_path, capsys):
     (broken / "model.safetensors").write_bytes((toy_run / "model.safetensors").read_bytes()[:1000])
     assert main(["translate", "--model", str(broken)]) == 1
     assert "cannot load weights" in capsys.readouterr().err
+    (broken / "model.safetensors").write_bytes((toy_run / "model.safetensors").read_bytes())
+    (broken / "spm.model").write_bytes((toy_run / "spm.model").read_bytes()[:3000])
+    assert main(["translate", "--model", str(broken)]) == 1
+    assert f"{broken / 'spm.model'}: unreadable sentencepiece model" in capsys.readouterr().err
     import sentencepiece as spm
 
     spm.SentencePieceTrainer.train(
