@@ -89,7 +89,14 @@ def _device(name: str) -> str:
 
 
 def _add_decoding_options(p) -> None:
-    p.add_argument("--model", required=True, help="run directory (model.safetensors, model.json, spm*.model)")
+    p.add_argument(
+        "--model",
+        required=True,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directory (model.safetensors, model.json, spm*.model); several = an ensemble that averages "
+        "their probabilities (they must share one tokenizer)",
+    )
     d = DECODING
     p.add_argument("--beam", type=int, default=d.beam, help=f"beam size; 1 = greedy (default {d.beam})")
     p.add_argument(
@@ -130,10 +137,11 @@ def _check_decoding_options(args) -> None:
 
 
 def _translator(args):
-    from mt.inference import Translator, decoding_dtype, load
+    from mt.inference import Translator, decoding_dtype, load, load_ensemble
 
     _check_decoding_options(args)
-    model, tok, meta = load(args.model, _device(args.device))
+    device = _device(args.device)
+    model, tok, meta = load(args.model[0], device) if len(args.model) == 1 else load_ensemble(args.model, device)
     model = model.to(decoding_dtype(args.dtype, next(model.parameters()).device))
 
     def warn(msg: str) -> None:
@@ -217,7 +225,7 @@ def _run_evaluate(args) -> None:
     from mt.evaluate import evaluate, find_paper_reference, split_texts, variant_suffix
 
     translator, meta = _translator(args)
-    run_dir = Path(args.model)
+    run_dir = Path(args.model[0])  # an ensemble's scores go with its first member
     if args.split and not args.src:
         sources, refs, data = split_texts(run_dir, args.split)
         name = args.split
@@ -235,14 +243,16 @@ def _run_evaluate(args) -> None:
         paper_ref = Path(args.paper_ref) if args.paper_ref else find_paper_reference(data, name)
         if paper_ref is None:
             raise MTError(f"--paper: no tokenized reference found for {name}; give --paper-ref FILE")
-    variant = variant_suffix(args.alpha, args.dtype, args.max_len_a, args.max_len_b)
-    scores = evaluate(translator, run_dir, sources, refs, name, data.get("tgt_lang", "de"), paper_ref, variant)
+    variant = variant_suffix(args.alpha, args.dtype, args.max_len_a, args.max_len_b, args.model[1:])
+    members = args.model if len(args.model) > 1 else []
+    scores = evaluate(translator, run_dir, sources, refs, name, data.get("tgt_lang", "de"), paper_ref, variant, members)
     if args.json:
         print(json.dumps(scores, indent=2))
     else:
         print(
             f"{name}: BLEU {scores['bleu']}  chrF {scores['chrf']}  "
-            f"(beam {args.beam}, {scores['sentences']} sentences, {scores['dtype']})"
+            f"(beam {args.beam}, {scores['sentences']} sentences, {scores['dtype']}"
+            + (f", ensemble of {len(members)} models)" if members else ")")
         )
         print(f"  {scores['bleu_detail']}")
         print(f"  BLEU signature: {scores['bleu_signature']}")

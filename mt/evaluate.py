@@ -59,10 +59,12 @@ def find_paper_reference(data: dict, split: str) -> Path | None:
     return candidate if candidate.exists() else None
 
 
-def variant_suffix(alpha: float, dtype: str, max_len_a: float, max_len_b: int) -> str:
+def variant_suffix(alpha: float, dtype: str, max_len_a: float, max_len_b: int, also: list[str] = ()) -> str:
     """The decoding options that differ from the defaults, for file names:
-    ``.alpha0.6.bfloat16`` for ``--alpha 0.6 --dtype bfloat16``; empty for the defaults."""
-    parts = [f"alpha{alpha:g}"] if alpha != DECODING.alpha else []
+    ``.alpha0.6.bfloat16`` for ``--alpha 0.6 --dtype bfloat16``; empty for
+    the defaults. ``also``: an ensemble's other members, ``.with-NAME`` each."""
+    parts = [f"with-{Path(d).name}" for d in also]
+    parts += [f"alpha{alpha:g}"] if alpha != DECODING.alpha else []
     parts += [dtype] if dtype != DECODING.dtype else []
     default_len = (DECODING.max_len_a, DECODING.max_len_b)
     parts += [f"len{max_len_a:g}x+{max_len_b}"] if (max_len_a, max_len_b) != default_len else []
@@ -78,9 +80,11 @@ def evaluate(
     tgt_lang: str,
     paper_ref: Path | None = None,
     variant: str = "",
+    ensemble: list[str] = (),
 ) -> dict:
     """Translate ``sources``, score them and write ``eval/NAME.beamK[VARIANT].hyp`` and ``.json``
-    into ``run_dir``; ``variant`` (see :func:`variant_suffix`) keeps runs with other settings apart."""
+    into ``run_dir``; ``variant`` (see :func:`variant_suffix`) keeps runs with other settings apart.
+    ``ensemble``: the run directories of all members, when the translator decodes with several models."""
     if len(sources) != len(refs):
         raise DataError(f"{name}: {len(sources)} source lines but {len(refs)} references")
     tok_refs = None
@@ -92,6 +96,7 @@ def evaluate(
     dtype = str(next(translator.model.parameters()).dtype).removeprefix("torch.")
     scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, "alpha": translator.alpha}
     scores |= {"max_len": f"{translator.settings.max_len_a:g}*src+{translator.settings.max_len_b}", "dtype": dtype}
+    scores |= {"ensemble": [str(d) for d in ensemble]} if ensemble else {}
     scores |= sacrebleu_scores(hyps, refs, lowercase=translator.tok.lowercase)
     if tok_refs is not None:
         p = paper_bleu(hyps, tok_refs, tgt_lang)

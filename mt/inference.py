@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import load_model, save_model
 
 from mt.config import DECODING, ConfigError, ModelConfig
+from mt.ensemble import Ensemble
 from mt.errors import ModelDirError
 from mt.model import Transformer
 from mt.search import SearchSettings, beam_search, greedy_search
@@ -69,6 +70,18 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Trans
     return model.to(device).eval(), tok, meta
 
 
+def load_ensemble(run_dirs: list[str | Path], device: str | torch.device = "cpu") -> tuple[Ensemble, Tokenizer, dict]:
+    """(ensemble in eval mode, tokenizer, the first run's metadata) from run
+    directories whose tokenizers are the same files, byte for byte."""
+    loaded = [load(d, device) for d in run_dirs]
+    first = Path(run_dirs[0])
+    want = [f.read_bytes() for f in Tokenizer.files(first)]
+    for d in run_dirs[1:]:
+        if [f.read_bytes() for f in Tokenizer.files(Path(d))] != want:
+            raise ModelDirError(f"{d}: its tokenizer differs from {first}'s; ensemble members must share one")
+    return Ensemble([m for m, _, _ in loaded]).eval(), loaded[0][1], loaded[0][2]
+
+
 def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
     """The dtype to decode in: ``float32``, ``bfloat16`` or ``auto`` =
     bfloat16 on CUDA GPUs that support it, float32 elsewhere. On CPUs with
@@ -89,7 +102,7 @@ class Translator:
 
     def __init__(
         self,
-        model: Transformer,
+        model: Transformer | Ensemble,
         tok: Tokenizer,
         beam: int = DECODING.beam,
         alpha: float = DECODING.alpha,
