@@ -314,6 +314,10 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ConfigError(f"config file not found: {path}") from None
+        except OSError as e:  # a directory, no permission, ...
+            raise ConfigError(f"{path}: cannot read the config ({e.strerror})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {e.start}), so not a YAML config") from None
         except yaml.YAMLError as e:
             raise ConfigError(f"{path}: not valid YAML: {e}") from None
         raw = {} if loaded is None else loaded  # an empty file: all defaults

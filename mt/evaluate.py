@@ -18,8 +18,17 @@ from mt.textio import atomic_output
 
 
 def run_config(run_dir: Path) -> dict:
+    """The run's resolved ``config.yaml`` as a dict; {} when there is none."""
     path = run_dir / "config.yaml"
-    return yaml.safe_load(path.read_text()) if path.exists() else {}
+    if not path.exists():
+        return {}
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: unreadable run config ({e})") from None
+    if not isinstance(raw, dict):
+        raise DataError(f"{path}: the top level must be a mapping of sections, got {type(raw).__name__}")
+    return raw
 
 
 def split_texts(run_dir: Path, split: str) -> tuple[list[str], list[str], dict]:

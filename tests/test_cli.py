@@ -177,6 +177,12 @@ def test_model_directory_errors(toy_run, tmp_path, capsys):
     shutil.copytree(toy_run, no_config, ignore=shutil.ignore_patterns("config.yaml"))
     assert main(["evaluate", "--model", str(no_config), "--split", "test"]) == 1
     assert "config.yaml: missing" in capsys.readouterr().err
+    (no_config / "config.yaml").write_text("data: [unclosed\n")
+    assert main(["evaluate", "--model", str(no_config), "--split", "test"]) == 1
+    assert f"{no_config / 'config.yaml'}: unreadable run config" in capsys.readouterr().err
+    (no_config / "config.yaml").write_text("- data\n")
+    assert main(["evaluate", "--model", str(no_config), "--split", "test"]) == 1
+    assert "config.yaml: the top level must be a mapping of sections, got list" in capsys.readouterr().err
 
 
 def test_evaluate_writes_scores(toy_run, toy_test, tmp_path, capsys):

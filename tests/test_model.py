@@ -1,4 +1,5 @@
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -163,6 +164,11 @@ def test_yaml_config_errors_name_file_and_key(tmp_path):
         path.write_text(text)
         with pytest.raises(ConfigError, match=message):
             load_config(path)
+    path.write_bytes(b"\x93NUMPY")  # not text
+    with pytest.raises(ConfigError, match=r"c\.yaml: not UTF-8 text"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=rf"{re.escape(str(tmp_path))}: cannot read the config \(Is a directory\)"):
+        load_config(tmp_path)
     with pytest.raises(ConfigError, match=r"^d\.json: the top level must be a mapping of sections, got list$"):
         Config.from_dict(["model"], "d.json")  # the same words for callers that skip load_config
     path.write_text("train:\n")
