@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import warnings
+import zipfile
 from pathlib import Path
 
 import lightning as L
@@ -111,11 +112,30 @@ def check_writable(run_dir: Path) -> None:
         raise MTError(f"run directory {run_dir} is not writable ({e.strerror}); set train.run_dir") from None
 
 
+def check_checkpoint(path: Path) -> None:
+    """Raise ``MTError`` naming ``path`` unless it is a complete checkpoint:
+    torch's zip format, every member's CRC intact (a truncated or damaged
+    file fails here rather than deep inside ``torch.load``)."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            damaged = z.testzip()
+    except (zipfile.BadZipFile, OSError) as e:
+        raise MTError(f"{path}: not a complete checkpoint ({e})") from None
+    if damaged is not None:
+        raise MTError(f"{path}: damaged checkpoint ({damaged} fails its CRC check)")
+
+
+def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """The model weights of a Lightning checkpoint (no code is unpickled)."""
+    check_checkpoint(path)
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
 def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
     """Element-wise mean of the model weights in Lightning checkpoints (at least one)."""
     total: dict[str, torch.Tensor] = {}
     for p in paths:
-        state = torch.load(p, map_location="cpu", weights_only=True)["state_dict"]
+        state = load_state_dict(p)
         for k, v in state.items():
             total[k] = total.get(k, 0) + v.double()
     return {k: (v / len(paths)).float() for k, v in total.items()}
@@ -142,7 +162,7 @@ def export_from_checkpoints(cfg: Config, run_dir: Path, average_last: int) -> st
             best = run_dir / "checkpoints" / "last.ckpt"
         if not best.exists():
             raise MTError(f"{run_dir / 'checkpoints'}: neither best.ckpt nor last.ckpt to export")
-        state = torch.load(best, map_location="cpu", weights_only=True)["state_dict"]
+        state = load_state_dict(best)
         source = best.name
     model = Transformer(cfg.model)
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
@@ -161,6 +181,10 @@ def train(cfg: Config) -> Path:
     last = run_dir / "checkpoints" / "last.ckpt"
     resume = last if last.exists() else None
     if resume:
+        try:
+            check_checkpoint(resume)
+        except MTError as e:
+            raise MTError(f"{e}; to resume, replace it with a step=N.ckpt of the same directory") from None
         print(f"resuming from {resume}")
         # the checkpoints it warns about are the ones being resumed from
         warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")

@@ -135,6 +135,21 @@ def test_average_command_rewrites_the_inference_model(toy_data, tmp_path, capsys
     capsys.readouterr()
     assert main(["average", "--model", str(run), "--last", "-1"]) == 1
     assert "--last must be >= 0" in capsys.readouterr().err
+    ckpt = run / "checkpoints" / "step=20.ckpt"
+    data = ckpt.read_bytes()
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0xFF  # inside the weights: the same length, a failing CRC
+    for broken, message in ((data[: len(data) // 2], "not a complete checkpoint"), (flipped, "damaged checkpoint")):
+        ckpt.write_bytes(bytes(broken))
+        assert main(["average", "--model", str(run), "--last", "1"]) == 1
+        err = capsys.readouterr().err
+        assert f"{ckpt}: {message}" in err and "Traceback" not in err
+    (run / "checkpoints" / "last.ckpt").write_bytes(data[:1000])  # resuming from it fails before anything is written
+    config_before = (run / "config.yaml").read_text()
+    assert main(train_args(toy_data, run, *opts[1:], "train.max_steps=30")) == 1
+    err = capsys.readouterr().err
+    assert "last.ckpt: not a complete checkpoint" in err and "replace it with a step=N.ckpt" in err
+    assert (run / "config.yaml").read_text() == config_before
     for ckpt in (run / "checkpoints").glob("*.ckpt"):
         ckpt.unlink()
     for last_n, message in (("2", "no step checkpoints (step=N.ckpt) to average"), ("0", "neither best.ckpt nor")):
