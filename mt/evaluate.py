@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -68,7 +69,7 @@ def find_paper_reference(data: dict, split: str) -> Path | None:
     return candidate if candidate.exists() else None
 
 
-def variant_suffix(alpha: float, dtype: str, max_len_a: float, max_len_b: int, also: list[str] = ()) -> str:
+def variant_suffix(alpha: float, dtype: str, max_len_a: float, max_len_b: int, also: Sequence[str] = ()) -> str:
     """The decoding options that differ from the defaults, for file names:
     ``.alpha0.6.bfloat16`` for ``--alpha 0.6 --dtype bfloat16``; empty for
     the defaults. ``also``: an ensemble's other members, ``.with-NAME`` each."""
@@ -89,7 +90,7 @@ def evaluate(
     tgt_lang: str,
     paper_ref: Path | None = None,
     variant: str = "",
-    ensemble: list[str] = (),
+    ensemble: Sequence[str] = (),
 ) -> dict:
     """Translate ``sources``, score them and write ``eval/NAME.beamK[VARIANT].hyp`` and ``.json``
     into ``run_dir``; ``variant`` (see :func:`variant_suffix`) keeps runs with other settings apart.
