@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import signal
 import sys
 
 from mt import __version__
@@ -326,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"mt {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout closed early, as by `mt translate ... | head`
+        # Python flushes stdout once more at exit; point it at /dev/null so that fails quietly too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     return 0
 
 

@@ -88,6 +88,21 @@ def test_translate_stdin_to_stdout(toy_run, toy_test):
     assert len(rows) == 3 and all(len(r.split("\t")) == 2 and float(r.split("\t")[1]) <= 0 for r in rows)
 
 
+def test_output_closed_early_is_not_a_traceback(toy_run, toy_test, tmp_path):
+    """`mt translate ... | head -1`: the reader goes away, mt stops quietly (exit 128 + SIGPIPE)."""
+    (tmp_path / "in.txt").write_text("\n".join(toy_test[0] * 3) + "\n")  # 300 lines, flushed every 100
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open(tmp_path / "in.txt") as stdin:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mt.cli", "translate", "--model", str(toy_run), "--beam", "1"],
+            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )  # fmt: skip
+        assert proc.stdout.readline().strip()
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait() == 141 and "Traceback" not in err, err
+
+
 def test_streaming_does_not_read_all_input_first(toy_model):
     model, tok, _ = toy_model
     endless = itertools.cycle(["the cat runs", "a dog"])
