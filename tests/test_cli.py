@@ -90,7 +90,8 @@ def test_translate_stdin_to_stdout(toy_run, toy_test):
 
 def test_output_closed_early_is_not_a_traceback(toy_run, toy_test, tmp_path):
     """`mt translate ... | head -1`: the reader goes away, mt stops quietly (exit 128 + SIGPIPE)."""
-    (tmp_path / "in.txt").write_text("\n".join(toy_test[0] * 3) + "\n")  # 300 lines, flushed every 100
+    # 5,000 lines: more output than a pipe holds, so mt cannot finish before the reader leaves
+    (tmp_path / "in.txt").write_text("\n".join(toy_test[0] * 50) + "\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "in.txt") as stdin:
         proc = subprocess.Popen(
