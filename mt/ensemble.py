@@ -37,10 +37,6 @@ class EnsembleCache:
 
     members: list[DecoderCache]
 
-    @property
-    def length(self) -> int:
-        return self.members[0].length
-
     def reorder(self, index: Tensor, source_index: Tensor | None = None) -> EnsembleCache:
         return EnsembleCache([c.reorder(index, source_index) for c in self.members])
 
