@@ -153,6 +153,12 @@ def export_from_checkpoints(cfg: Config, run_dir: Path, average_last: int) -> st
         paths = step_checkpoints(run_dir / "checkpoints")[-average_last:]
         if not paths:
             raise MTError(f"{run_dir / 'checkpoints'}: no step checkpoints (step=N.ckpt) to average")
+        if len(paths) < average_last:
+            print(
+                f"mt: warning: {run_dir / 'checkpoints'}: {average_last} checkpoints asked for, "
+                f"{len(paths)} kept; averaging those",
+                file=sys.stderr,
+            )
         state = average_checkpoints(paths)
         noun = "checkpoint" if len(paths) == 1 else "checkpoints"
         source = f"average of {len(paths)} {noun}: " + ", ".join(p.name for p in paths)

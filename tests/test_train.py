@@ -130,6 +130,10 @@ def test_average_command_rewrites_the_inference_model(toy_data, tmp_path, capsys
     exported = load_file(run / "model.safetensors")
     last = torch.load(run / "checkpoints" / "step=20.ckpt", weights_only=True)["state_dict"]
     assert all(torch.equal(v, last[f"model.{k}"]) for k, v in exported.items())
+    capsys.readouterr()
+    assert main(["average", "--model", str(run), "--last", "5"]) == 0  # more than the 3 kept
+    assert "5 checkpoints asked for, 3 kept; averaging those" in capsys.readouterr().err
+    assert json.loads((run / "model.json").read_text())["source"].startswith("average of 3 checkpoints: ")
     assert main(["average", "--model", str(run), "--last", "0"]) == 0
     assert json.loads((run / "model.json").read_text())["source"] == "best.ckpt"
     capsys.readouterr()
