@@ -1,9 +1,13 @@
 """The helper scripts in scripts/ that read run directories."""
 
+import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import ROOT, TOY, write_corpus
+
+from mt.corpus import read_lines
+from mt.toy import toy_corpus
 
 HEADER = "epoch,grad_norm,lr-AdamW,step,tok_per_s,train_loss,val_bleu,val_loss,val_ppl\n"
 
@@ -30,3 +34,30 @@ def test_val_windows_averages_windows_and_reports_median_throughput(tmp_path):
     assert lines[1].split()[:3] == ["1-200", "15.00", "(2)"]  # updates 100 and 200: (10 + 20) / 2
     assert lines[2].split()[:3] == ["201-300", "40.00", "(1)"]
     assert lines[3].endswith("best 40.00 at update 300, last 40.00 at update 300, median 2,000 target tokens/s")
+
+
+def test_distill_trains_a_student_on_the_sources_paired_with_the_teachers_translations(tmp_path, toy_run):
+    splits = toy_corpus({"train": 200, "val": 30, "test": 30}, seed=7)
+    raw = write_corpus(tmp_path / "raw", splits, langs=("src", "tgt"), gz=True)
+    kd, student = tmp_path / "kd", tmp_path / "student"
+    env = {**os.environ, "MT_DATA_DIR": str(raw), "KD_DIR": str(kd), "KD_RUN": str(student), "KD_TEST": "test"}
+    env["CONFIG"] = str(TOY)
+    command = ["bash", str(ROOT / "scripts" / "distill.sh"), str(toy_run), "--", "train.max_steps=20"]
+    subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+
+    sources, targets = splits["train"]
+    teacher = read_lines(kd / "train.tgt.teacher")
+    assert len(teacher) == len(sources)
+    # in order, one line per source: the toy teacher gets most of them exactly right (76% here)
+    assert sum(h == t for h, t in zip(teacher, targets)) >= 0.5 * len(targets)
+    assert read_lines(kd / "raw" / "train.src") == sources + sources
+    assert read_lines(kd / "raw" / "train.tgt") == targets + teacher
+    assert (student / "model.safetensors").is_file()
+    assert (student / "eval" / "test.beam5.json").is_file()
+
+    # KD_MIX=0: the teachers' translations alone, decoded once
+    env.update(KD_MIX="0", KD_RUN=str(tmp_path / "student_kd_only"))
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    assert "reusing" in out
+    assert read_lines(kd / "raw" / "train.src") == sources
+    assert read_lines(kd / "raw" / "train.tgt") == teacher

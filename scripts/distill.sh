@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Sequence-level knowledge distillation (Kim & Rush 2016) from trained runs:
+# the teachers (one run, or several as an ensemble) translate the training
+# sources with beam 5; a new model of the GPU recipe trains on the original
+# pairs plus the teachers' translations (KD_MIX=0: the translations alone).
+#
+#   bash scripts/distill.sh RUN [RUN ...] [-- section.key=value ...]
+#
+# The overrides after -- go to prepare and train, e.g.
+#   bash scripts/distill.sh runs/a runs/b -- train.max_steps=5000 train.cooldown_steps=2000
+# Environment: KD_DIR (default data/kd: the teachers' output, the corpus built
+# from it and its prepared copy; an existing teacher output is reused),
+# KD_RUN (default runs/kd), KD_MIX (default 1), KD_TEST (the split scored at
+# the end, default test_2016_flickr; paper-style too where the corpus has a
+# tok/ directory beside it), MT_DATA_DIR (the corpus, <split>.<lang>[.gz]
+# files; default ../shared/data/multi30k/raw), CONFIG (default
+# configs/multi30k_gpu.yaml).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. .venv/bin/activate
+
+teachers=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do teachers+=("$1"); shift; done
+[ $# -gt 0 ] && shift
+[ ${#teachers[@]} -gt 0 ] || { echo "usage: bash scripts/distill.sh RUN [RUN ...] [-- overrides]" >&2; exit 2; }
+config=${CONFIG:-configs/multi30k_gpu.yaml}
+kd=${KD_DIR:-data/kd} run=${KD_RUN:-runs/kd} mix=${KD_MIX:-1}
+raw=$(cd "${MT_DATA_DIR:-../shared/data/multi30k/raw}" && pwd)
+read -r src tgt < <(python - "$config" "$@" <<'PY'
+import sys
+from mt.config import load_config
+cfg = load_config(sys.argv[1], sys.argv[2:])
+print(cfg.data.src_lang, cfg.data.tgt_lang)
+PY
+)
+
+cat_split() {  # the plain text of <split>.<lang>[.gz] in the corpus
+    if [ -f "$raw/$1.$2.gz" ]; then zcat "$raw/$1.$2.gz"; else cat "$raw/$1.$2"; fi
+}
+
+mkdir -p "$kd/raw"
+teacher_out=$kd/train.$tgt.teacher
+if [ ! -s "$teacher_out" ]; then
+    echo "== teachers ${teachers[*]} translate train.$src"
+    cat_split train "$src" > "$kd/train.$src"
+    mt translate --model "${teachers[@]}" --beam 5 -i "$kd/train.$src" -o "$teacher_out"
+else
+    echo "== reusing $teacher_out"
+fi
+
+# The corpus: train = (original +) distilled pairs; every other split as it is.
+for f in "$raw"/*; do
+    name=$(basename "$f")
+    case $name in train.*) ;; *) ln -sfn "$f" "$kd/raw/$name" ;; esac
+done
+[ -d "$raw/../tok" ] && ln -sfn "$(cd "$raw/../tok" && pwd)" "$kd/tok"  # the paper-style references
+if [ "$mix" = 1 ]; then
+    { cat_split train "$src"; cat_split train "$src"; } > "$kd/raw/train.$src"
+    { cat_split train "$tgt"; cat "$teacher_out"; } > "$kd/raw/train.$tgt"
+else
+    cat_split train "$src" > "$kd/raw/train.$src"
+    cp "$teacher_out" "$kd/raw/train.$tgt"
+fi
+wc -l "$kd/raw/train.$src" "$kd/raw/train.$tgt"
+
+data=(data.source=local "data.local_dir=$kd/raw" "data.prepared_dir=$kd/prepared.$src-$tgt")
+mt prepare --config "$config" "${data[@]}" "$@"
+mt train --config "$config" "${data[@]}" "train.run_dir=$run" "$@"
+paper=(); [ -e "$kd/tok" ] && paper=(--paper)
+mt evaluate --model "$run" --split "${KD_TEST:-test_2016_flickr}" --beam 5 "${paper[@]}"
