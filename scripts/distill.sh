@@ -9,7 +9,8 @@
 # The overrides after -- go to prepare and train, e.g.
 #   bash scripts/distill.sh runs/a runs/b -- train.max_steps=5000 train.cooldown_steps=2000
 # Environment: KD_DIR (default data/kd: the teachers' output, the corpus built
-# from it and its prepared copy; an existing teacher output is reused),
+# from it and its prepared copy; an existing teacher output is reused when
+# the same runs made it, and is an error otherwise),
 # KD_RUN (default runs/kd), KD_MIX (default 1), KD_TEST (the split scored at
 # the end, default test_2016_flickr; paper-style too where the corpus has a
 # tok/ directory beside it), MT_DATA_DIR (the corpus, <split>.<lang>[.gz]
@@ -44,8 +45,13 @@ if [ ! -s "$teacher_out" ]; then
     echo "== teachers ${teachers[*]} translate train.$src"
     cat_split train "$src" > "$kd/train.$src"
     mt translate --model "${teachers[@]}" --beam 5 -i "$kd/train.$src" -o "$teacher_out"
+    echo "${teachers[*]}" > "$teacher_out.runs"
+elif [ "$(cat "$teacher_out.runs" 2>/dev/null)" != "${teachers[*]}" ]; then
+    echo "distill.sh: $teacher_out was decoded by '$(cat "$teacher_out.runs" 2>/dev/null)', not '${teachers[*]}':" \
+        "delete it to decode again, or set KD_DIR" >&2
+    exit 1
 else
-    echo "== reusing $teacher_out"
+    echo "== reusing $teacher_out (decoded by ${teachers[*]})"
 fi
 
 # The corpus: train = (original +) distilled pairs; every other split as it is.

@@ -61,3 +61,10 @@ def test_distill_trains_a_student_on_the_sources_paired_with_the_teachers_transl
     assert "reusing" in out
     assert read_lines(kd / "raw" / "train.src") == sources
     assert read_lines(kd / "raw" / "train.tgt") == teacher
+
+    # other teachers than those that made the translations: refused, nothing rebuilt
+    other = command[:2] + [str(toy_run), str(toy_run)] + command[3:]
+    failed = subprocess.run(other, env=env, capture_output=True, text=True)
+    assert failed.returncode == 1
+    assert f"{kd / 'train.tgt.teacher'} was decoded by '{toy_run}', not '{toy_run} {toy_run}'" in failed.stderr
+    assert read_lines(kd / "raw" / "train.tgt") == teacher
