@@ -330,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:  # stdout closed early, as by `mt translate ... | head`
         # Python flushes stdout once more at exit; point it at /dev/null so that fails quietly too
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
         return 128 + signal.SIGPIPE
     return 0
 

@@ -6,11 +6,10 @@ import math
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
-from conftest import ROOT, train_args
+from conftest import ROOT, mt_cmd, train_args
 
 from mt.cli import main
 from mt.data import Split
@@ -81,7 +80,7 @@ def test_translate_stdin_to_stdout(toy_run, toy_test):
     src = toy_test[0][:3]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     res = subprocess.run(
-        [sys.executable, "-m", "mt.cli", "translate", "--model", str(toy_run), "--beam", "1", "--scores"],
+        mt_cmd("translate", "--model", str(toy_run), "--beam", "1", "--scores"),
         input="\n".join(src) + "\n", capture_output=True, text=True, env=env, check=True,
     )  # fmt: skip
     rows = res.stdout.splitlines()
@@ -95,7 +94,7 @@ def test_output_closed_early_is_not_a_traceback(toy_run, toy_test, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "in.txt") as stdin:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "mt.cli", "translate", "--model", str(toy_run), "--beam", "1"],
+            mt_cmd("translate", "--model", str(toy_run), "--beam", "1"),
             stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
         )  # fmt: skip
         assert proc.stdout.readline().strip()
