@@ -201,22 +201,25 @@ def bf16_speedup(n: int = 2048, reps: int = 3) -> float:
 def resolve_precision(cfg: Config) -> str:
     """``train.precision``, with ``auto`` decided for this machine.
 
-    On a CUDA GPU: bf16-mixed where the GPU supports it, else 16-mixed. On a
-    CPU the answer depends on the chip, so it is measured: bf16-mixed where
-    bfloat16 matrix products run ``BF16_MIN_SPEEDUP`` times as fast as float32
-    or faster (``bf16_speedup``, about a second), 32-true otherwise. Training
-    steps follow the products: on the AMD EPYC machines this project trained
-    on, bf16 products ran ~2x (and more) as fast and bf16-mixed trained ~2x as
-    fast; on a Xeon with avx512_bf16 and no AMX, 0.7x and 0.6x (README).
-    A CPU run of several processes takes 32-true without measuring, so that
-    all its ranks agree. The choice is printed and kept in the run's config.yaml;
-    name the precision in the config to make a run independent of the machine.
+    On a CUDA GPU: bf16-mixed where the GPU supports it, else 16-mixed; on
+    Apple's MPS, 32-true. On a CPU the answer depends on the chip, so it is
+    measured: bf16-mixed where bfloat16 matrix products run ``BF16_MIN_SPEEDUP``
+    times as fast as float32 or faster (``bf16_speedup``, about a second),
+    32-true otherwise. Training steps follow the products: on the AMD EPYC
+    machines this project trained on, bf16 products ran ~2x as fast (and
+    more) and bf16-mixed trained ~2x as fast; on a Xeon with avx512_bf16 and
+    no AMX, 0.55x and 0.6x (README). A CPU run of several processes takes
+    32-true without measuring, so that all its ranks agree. The choice is
+    printed and kept in the run's config.yaml; name the precision in the
+    config to make a run independent of the machine.
     """
     if cfg.train.precision != "auto":
         return cfg.train.precision
     tr = cfg.trainer
     if tr.accelerator != "cpu" and torch.cuda.is_available():
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    if tr.accelerator != "cpu" and torch.backends.mps.is_available():  # where Lightning's auto trains
+        return "32-true"
     if tr.num_nodes > 1 or str(tr.devices) not in ("1", "auto") or int(os.environ.get("WORLD_SIZE", "1")) > 1:
         print("train.precision=auto: 32-true (a CPU run of several processes)")
         return "32-true"
