@@ -53,6 +53,11 @@ def _add_average(sub) -> None:
     p = sub.add_parser("average", help="average the last N checkpoints of a run into its inference model")
     p.add_argument("--model", required=True, help="run directory")
     p.add_argument("--last", type=int, required=True, help="how many of the kept step checkpoints; 0 = the best one")
+    p.add_argument(
+        "--choose",
+        action="store_true",
+        help="average the last k <= N instead, the k of lowest validation loss (reads the run's prepared data)",
+    )
 
 
 def _run_average(args) -> None:
@@ -65,7 +70,14 @@ def _run_average(args) -> None:
         raise MTError(f"--last must be >= 0 (0 = the best checkpoint), got {args.last}")
     run_dir = Path(args.model)
     cfg = load_config(run_dir / "config.yaml")
-    print(f"inference model written: {export_from_checkpoints(cfg, run_dir, args.last)}")
+    val = None
+    if args.choose:
+        if args.last == 0:
+            raise MTError("--choose picks how many of the last --last N checkpoints to average: give N >= 1")
+        from mt.data import TranslationDataModule
+
+        val = list(TranslationDataModule(cfg.data).val_dataloader())
+    print(f"inference model written: {export_from_checkpoints(cfg, run_dir, args.last, val)}")
 
 
 def _device(name: str) -> str:

@@ -164,6 +164,7 @@ class TrainConfig:
     early_stopping_patience: int = 0  #: validations without better BLEU before stopping; 0 = off
     keep_checkpoints: int = 5  #: the last N validation checkpoints are kept (for averaging)
     average_last: int = 0  #: average the last N checkpoints into the final model; 0 = best only
+    average_choose: bool = False  #: average the last k <= average_last instead: the k of lowest validation loss
     log_every_steps: int = 50
     run_dir: str = "runs/default"
 
@@ -187,6 +188,9 @@ class TrainConfig:
         _check(len(self.betas) == 2, "train.betas", "needs two values")
         _check(self.keep_checkpoints >= 1, "train.keep_checkpoints", "must be >= 1")
         _check(self.average_last <= self.keep_checkpoints, "train.average_last", "cannot exceed keep_checkpoints")
+        _check(
+            not self.average_choose or self.average_last >= 1, "train.average_choose", "needs train.average_last >= 1"
+        )
 
 
 @dataclass

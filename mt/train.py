@@ -29,10 +29,11 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from mt.config import Config, ConfigError
-from mt.data import TranslationDataModule
+from mt.data import Batch, TranslationDataModule
 from mt.errors import MTError
 from mt.inference import export_model
 from mt.lit import TranslationModule
+from mt.loss import linear_cross_entropy
 from mt.model import Transformer
 
 # Noise a user cannot act on: Lightning's advertisement for its cloud logger, and
@@ -148,8 +149,41 @@ def step_checkpoints(ckpt_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.stem.split("=")[1]))
 
 
-def export_from_checkpoints(cfg: Config, run_dir: Path, average_last: int) -> str:
-    """Write the inference model: the best checkpoint, or the mean of the last N."""
+def validation_loss(model: Transformer, batches: list[Batch]) -> float:
+    """Mean cross-entropy per target token (no label smoothing) of ``model``, in eval mode."""
+    model.eval()
+    total = count = 0.0
+    with torch.no_grad():
+        for b in batches:
+            states = model.hidden(b.src, b.tgt_in)  # (B, T_t, D)
+            total += float(linear_cross_entropy(states, model.output_weight, b.tgt_out, model.cfg.pad_id, 0.0))
+            count += float(b.tgt_mask.sum())
+    return total / count
+
+
+def choose_average(cfg: Config, paths: list[Path], batches: list[Batch]) -> tuple[int, list[float]]:
+    """How many of the newest ``paths`` (oldest first) to average: the k whose
+    average has the lowest validation loss over ``batches``, and the losses of
+    the averages of the newest 1, 2, ... len(paths) checkpoints.
+
+    Averaging pays near convergence; a run stopped while it still improves
+    quickly (a time budget on a slow machine) is better with fewer or none."""
+    model = Transformer(cfg.model)
+    total: dict[str, torch.Tensor] = {}
+    losses = []
+    for k, path in enumerate(reversed(paths), 1):
+        for name, v in load_state_dict(path).items():
+            total[name] = total.get(name, 0) + v.double()
+        model.load_state_dict({n.removeprefix("model."): (v / k).float() for n, v in total.items()})
+        losses.append(validation_loss(model, batches))
+    return 1 + min(range(len(losses)), key=losses.__getitem__), losses
+
+
+def export_from_checkpoints(
+    cfg: Config, run_dir: Path, average_last: int, val_batches: list[Batch] | None = None
+) -> str:
+    """Write the inference model: the best checkpoint, or the mean of the last
+    N; with ``val_batches``, the mean of the last k <= N that ``choose_average`` picks."""
     if average_last > 0:
         paths = step_checkpoints(run_dir / "checkpoints")[-average_last:]
         if not paths:
@@ -160,9 +194,18 @@ def export_from_checkpoints(cfg: Config, run_dir: Path, average_last: int) -> st
                 f"{len(paths)} kept; averaging those",
                 file=sys.stderr,
             )
+        chosen = ""
+        if val_batches is not None:
+            k, losses = choose_average(cfg, paths, val_batches)
+            chosen = (
+                f" (the lowest validation loss of the last 1-{len(paths)}: "
+                + " ".join(f"{x:.4f}" for x in losses)
+                + ")"
+            )
+            paths = paths[-k:]
         state = average_checkpoints(paths)
         noun = "checkpoint" if len(paths) == 1 else "checkpoints"
-        source = f"average of {len(paths)} {noun}: " + ", ".join(p.name for p in paths)
+        source = f"average of {len(paths)} {noun}{chosen}: " + ", ".join(p.name for p in paths)
     else:
         best = run_dir / "checkpoints" / "best.ckpt"
         if not best.exists():
@@ -318,7 +361,8 @@ def train(cfg: Config) -> Path:
     trainer.fit(module, datamodule=dm, ckpt_path=resume)
     minutes = (time.perf_counter() - start) / 60
     if trainer.is_global_zero:
-        source = export_from_checkpoints(cfg, run_dir, t.average_last)
+        val = list(dm.val_dataloader()) if t.average_choose else None
+        source = export_from_checkpoints(cfg, run_dir, t.average_last, val)
         metrics = {k: round(float(v), 3) for k, v in trainer.callback_metrics.items()}
         print(f"trained {trainer.global_step} steps in {minutes:.1f} min; last metrics: {metrics}")
         print(f"inference model ({source}) written to {run_dir}")

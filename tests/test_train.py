@@ -17,9 +17,10 @@ from safetensors.torch import load_file
 
 from mt.cli import main
 from mt.config import load_config
-from mt.data import TokenBatchSampler
+from mt.data import TokenBatchSampler, TranslationDataModule
 from mt.lit import inverse_sqrt
-from mt.train import resolve_precision
+from mt.model import Transformer
+from mt.train import average_checkpoints, resolve_precision, step_checkpoints, validation_loss
 
 
 def test_toy_model_learns(toy_run):
@@ -150,6 +151,37 @@ def test_resuming_a_copied_run_keeps_only_the_last_checkpoints(toy_data, tmp_pat
     assert "step=35.ckpt, step=40.ckpt" in json.loads((tmp_path / "b" / "model.json").read_text())["source"]
 
 
+def test_average_choose_exports_the_average_of_lowest_validation_loss(toy_data, tmp_path, capsys):
+    """train.average_choose: of the averages of the newest 1..N checkpoints, the
+    one whose validation loss is lowest becomes the inference model."""
+    run = tmp_path / "r"
+    opts = ("train.max_steps=80", "train.val_every_steps=10", "train.keep_checkpoints=5", "train.average_last=5")
+    assert main(train_args(toy_data, run, *opts, "train.average_choose=true")) == 0
+    cfg = load_config(run / "config.yaml")
+    batches = list(TranslationDataModule(cfg.data).val_dataloader())
+    paths = step_checkpoints(run / "checkpoints")
+    losses = []
+    for k in range(1, 6):
+        model = Transformer(cfg.model)
+        model.load_state_dict({n.removeprefix("model."): v for n, v in average_checkpoints(paths[-k:]).items()})
+        losses.append(validation_loss(model, batches))
+    k = 1 + losses.index(min(losses))
+    source = json.loads((run / "model.json").read_text())["source"]
+    assert source.startswith(f"average of {k} checkpoint")
+    assert " ".join(f"{x:.4f}" for x in losses) in source  # the averages' losses, newest 1 to 5, as measured here
+    exported = load_file(run / "model.safetensors")
+    chosen = average_checkpoints(paths[-k:])
+    assert all(torch.equal(v, chosen[f"model.{n}"]) for n, v in exported.items())
+    # the command does the same on a run trained without it
+    assert main(["average", "--model", str(run), "--last", "5"]) == 0
+    assert json.loads((run / "model.json").read_text())["source"].startswith("average of 5 checkpoints: ")
+    assert main(["average", "--model", str(run), "--last", "5", "--choose"]) == 0
+    assert json.loads((run / "model.json").read_text())["source"] == source
+    capsys.readouterr()
+    assert main(["average", "--model", str(run), "--last", "0", "--choose"]) == 1
+    assert "--choose picks how many" in capsys.readouterr().err
+
+
 def test_average_command_rewrites_the_inference_model(toy_data, tmp_path, capsys):
     run = tmp_path / "r"
     opts = ("train.max_steps=20", "train.val_every_steps=5", "train.keep_checkpoints=3", "train.average_last=3")
@@ -245,6 +277,7 @@ def test_ddp_two_processes_on_cpu(toy_data, tmp_path):
         ("model.activation=swish", "model.activation"),
         ("train.cooldown_steps=100000", "train.cooldown_steps: needs train.max_steps"),
         ("train.rdrop_alpha=-1", "train.rdrop_alpha: must be >= 0"),
+        ("train.average_choose=true", "train.average_choose: needs train.average_last >= 1"),
     ],
 )
 def test_config_errors_are_one_line(toy_data, tmp_path, capsys, override, message):
