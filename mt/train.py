@@ -260,15 +260,17 @@ def resolve_precision(cfg: Config) -> str:
         return cfg.train.precision
     tr = cfg.trainer
     if tr.accelerator != "cpu" and torch.cuda.is_available():
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    if tr.accelerator != "cpu" and torch.backends.mps.is_available():  # where Lightning's auto trains
-        return "32-true"
-    if tr.num_nodes > 1 or str(tr.devices) not in ("1", "auto") or int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        print("train.precision=auto: 32-true (a CPU run of several processes)")
-        return "32-true"
-    speedup = bf16_speedup()
-    chosen = "bf16-mixed" if speedup >= BF16_MIN_SPEEDUP else "32-true"
-    print(f"train.precision=auto: {chosen} (bfloat16 products run at {speedup:.2f}x float32's speed on this CPU)")
+        bf16 = torch.cuda.is_bf16_supported()
+        chosen, why = ("bf16-mixed", "a CUDA GPU") if bf16 else ("16-mixed", "a CUDA GPU without bfloat16")
+    elif tr.accelerator != "cpu" and torch.backends.mps.is_available():  # where Lightning's auto trains
+        chosen, why = "32-true", "Apple MPS"
+    elif tr.num_nodes > 1 or str(tr.devices) not in ("1", "auto") or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        chosen, why = "32-true", "a CPU run of several processes"
+    else:
+        speedup = bf16_speedup()
+        chosen = "bf16-mixed" if speedup >= BF16_MIN_SPEEDUP else "32-true"
+        why = f"bfloat16 products run at {speedup:.2f}x float32's speed on this CPU"
+    print(f"train.precision=auto: {chosen} ({why})")
     return chosen
 
 
