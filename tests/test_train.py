@@ -99,8 +99,8 @@ def test_auto_precision_runs_the_faster_one_on_a_cpu(monkeypatch):
 
 
 def test_auto_precision_is_recorded_and_leaves_the_run_as_it_was(toy_data, tmp_path, monkeypatch, capsys):
-    """The measurement runs (here forced to choose float32) without touching the
-    RNG: the run matches one that named 32-true, and config.yaml says what ran."""
+    """The measurement runs (here forced to choose float32), the run then matches
+    one that named 32-true, and config.yaml says what ran."""
     short = ("train.max_steps=40", "train.val_every_steps=20", "trainer.accelerator=cpu")
     monkeypatch.setattr("mt.train.BF16_MIN_SPEEDUP", math.inf)
     assert main(train_args(toy_data, tmp_path / "auto", *short, "train.precision=auto")) == 0
