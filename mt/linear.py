@@ -87,13 +87,14 @@ class Linear(nn.Linear):
         return linear(x, self.weight, self.bias, relu, self.packed)
 
 
-def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5) -> float:
+def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5, onednn: bool = True) -> float:
     """FLOP/s of an n x n matrix product in ``dtype`` on this CPU: the faster
     of PyTorch's BLAS (``torch.mm``) and the oneDNN path, best of ``reps``.
-    The benchmarks' peak for MFU and speed ceilings."""
+    The benchmarks' peak for MFU and speed ceilings; ``onednn=False``:
+    ``torch.mm`` alone, the path that training's products take."""
     a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
     products = [lambda: a @ b]
-    if _ONEDNN:
+    if _ONEDNN and onednn:
         products.append(lambda: torch.ops.mkldnn._linear_pointwise(a, b, None, "none", [], ""))
     best = float("inf")
     for product in products:

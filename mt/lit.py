@@ -36,6 +36,13 @@ def inverse_sqrt(warmup: int, cooldown: int = 0, total: int = -1):
     return factor
 
 
+def token_loss(model: Transformer, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Summed token cross-entropy over non-pad targets, and the token count."""
+    states = model.hidden(batch.src, batch.tgt_in)  # (B, T_t, D)
+    loss = linear_cross_entropy(states, model.output_weight, batch.tgt_out, model.cfg.pad_id, label_smoothing)
+    return loss, batch.tgt_mask.sum()
+
+
 class TranslationModule(L.LightningModule):
     def __init__(self, cfg: Config, tokenizer: Tokenizer, val_refs: list[str] | None = None):
         super().__init__()
@@ -50,10 +57,7 @@ class TranslationModule(L.LightningModule):
         self._val_hyps: dict[int, list[int]] = {}
 
     def loss(self, batch: Batch, label_smoothing: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """Summed token cross-entropy over non-pad targets, and the token count."""
-        states = self.model.hidden(batch.src, batch.tgt_in)  # (B, T_t, D)
-        loss = linear_cross_entropy(states, self.model.output_weight, batch.tgt_out, self.tok.pad_id, label_smoothing)
-        return loss, batch.tgt_mask.sum()
+        return token_loss(self.model, batch, label_smoothing)
 
     def rdrop_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """R-Drop: the batch twice in one forward pass (independent dropout), both

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import sys
 import time
 import warnings
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import lightning as L
@@ -32,8 +32,8 @@ from mt.config import Config, ConfigError
 from mt.data import Batch, TranslationDataModule
 from mt.errors import MTError
 from mt.inference import export_model
-from mt.lit import TranslationModule
-from mt.loss import linear_cross_entropy
+from mt.linear import matmul_peak
+from mt.lit import TranslationModule, token_loss
 from mt.model import Transformer
 
 # Noise a user cannot act on: Lightning's advertisement for its cloud logger, and
@@ -133,14 +133,20 @@ def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
+def running_averages(paths: list[Path]) -> Iterator[dict[str, torch.Tensor]]:
+    """Element-wise means of the model weights in the newest 1, 2, ...
+    len(paths) of these Lightning checkpoints (oldest first), each checkpoint read once."""
+    total: dict[str, torch.Tensor] = {}
+    for k, p in enumerate(reversed(paths), 1):
+        for name, v in load_state_dict(p).items():
+            total[name] = total.get(name, 0) + v.double()
+        yield {name: (v / k).float() for name, v in total.items()}
+
+
 def average_checkpoints(paths: list[Path]) -> dict[str, torch.Tensor]:
     """Element-wise mean of the model weights in Lightning checkpoints (at least one)."""
-    total: dict[str, torch.Tensor] = {}
-    for p in paths:
-        state = load_state_dict(p)
-        for k, v in state.items():
-            total[k] = total.get(k, 0) + v.double()
-    return {k: (v / len(paths)).float() for k, v in total.items()}
+    *_, mean = running_averages(paths)
+    return mean
 
 
 def step_checkpoints(ckpt_dir: Path) -> list[Path]:
@@ -155,28 +161,28 @@ def validation_loss(model: Transformer, batches: list[Batch]) -> float:
     total = count = 0.0
     with torch.no_grad():
         for b in batches:
-            states = model.hidden(b.src, b.tgt_in)  # (B, T_t, D)
-            total += float(linear_cross_entropy(states, model.output_weight, b.tgt_out, model.cfg.pad_id, 0.0))
-            count += float(b.tgt_mask.sum())
+            nll, n_tokens = token_loss(model, b, 0.0)
+            total, count = total + float(nll), count + float(n_tokens)
     return total / count
 
 
-def choose_average(cfg: Config, paths: list[Path], batches: list[Batch]) -> tuple[int, list[float]]:
-    """How many of the newest ``paths`` (oldest first) to average: the k whose
-    average has the lowest validation loss over ``batches``, and the losses of
-    the averages of the newest 1, 2, ... len(paths) checkpoints.
+def choose_average(
+    cfg: Config, paths: list[Path], batches: list[Batch]
+) -> tuple[dict[str, torch.Tensor], int, list[float]]:
+    """Of the averages of the newest 1, 2, ... len(paths) checkpoints (oldest
+    first), the one of lowest validation loss over ``batches``: its weights,
+    how many checkpoints it averages, and the losses of all of them.
 
     Averaging pays near convergence; a run stopped while it still improves
     quickly (a time budget on a slow machine) is better with fewer or none."""
     model = Transformer(cfg.model)
-    total: dict[str, torch.Tensor] = {}
-    losses = []
-    for k, path in enumerate(reversed(paths), 1):
-        for name, v in load_state_dict(path).items():
-            total[name] = total.get(name, 0) + v.double()
-        model.load_state_dict({n.removeprefix("model."): (v / k).float() for n, v in total.items()})
+    best, k, losses = {}, 0, []
+    for i, state in enumerate(running_averages(paths), 1):
+        model.load_state_dict({n.removeprefix("model."): v for n, v in state.items()})
         losses.append(validation_loss(model, batches))
-    return 1 + min(range(len(losses)), key=losses.__getitem__), losses
+        if k == 0 or losses[-1] < losses[k - 1]:  # ties keep the fewer checkpoints
+            best, k = state, i
+    return best, k, losses
 
 
 def export_from_checkpoints(
@@ -195,15 +201,16 @@ def export_from_checkpoints(
                 file=sys.stderr,
             )
         chosen = ""
-        if val_batches is not None:
-            k, losses = choose_average(cfg, paths, val_batches)
+        if val_batches is None:
+            state = average_checkpoints(paths)
+        else:
+            state, k, losses = choose_average(cfg, paths, val_batches)
             chosen = (
                 f" (the lowest validation loss of the last 1-{len(paths)}: "
                 + " ".join(f"{x:.4f}" for x in losses)
                 + ")"
             )
             paths = paths[-k:]
-        state = average_checkpoints(paths)
         noun = "checkpoint" if len(paths) == 1 else "checkpoints"
         source = f"average of {len(paths)} {noun}{chosen}: " + ", ".join(p.name for p in paths)
     else:
@@ -225,20 +232,10 @@ BF16_MIN_SPEEDUP = 1.25  #: how much faster bfloat16 products must run for ``aut
 
 def bf16_speedup(n: int = 2048, reps: int = 3) -> float:
     """How many times as fast an n x n matrix product runs in bfloat16 as in
-    float32 on this CPU (``torch.mm``, best of ``reps`` each after a warm-up):
-    the products that training runs in each precision. Leaves the RNG as it was."""
-    seconds = []
+    float32 on this CPU (``torch.mm``, the products that training runs in
+    each precision; ``mt.linear.matmul_peak``). Leaves the RNG as it was."""
     with torch.random.fork_rng():
-        for dtype in (torch.float32, torch.bfloat16):
-            a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-            best = math.inf
-            for i in range(reps + 1):
-                start = time.perf_counter()
-                torch.mm(a, b)
-                if i > 0:
-                    best = min(best, time.perf_counter() - start)
-            seconds.append(best)
-    return seconds[0] / seconds[1]
+        return matmul_peak(torch.bfloat16, n, reps, onednn=False) / matmul_peak(torch.float32, n, reps, onednn=False)
 
 
 def resolve_precision(cfg: Config) -> str:
