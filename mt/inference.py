@@ -70,15 +70,24 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Trans
     return model.to(device).eval(), tok, meta
 
 
+def _tokenizer_bytes(run_dir: Path) -> list[bytes] | None:
+    """The contents of a run directory's tokenizer files; None if one is missing."""
+    files = Tokenizer.files(run_dir)
+    return [f.read_bytes() for f in files] if all(f.is_file() for f in files) else None
+
+
 def load_ensemble(run_dirs: list[str | Path], device: str | torch.device = "cpu") -> tuple[Ensemble, Tokenizer, dict]:
     """(ensemble in eval mode, tokenizer, the first run's metadata) from run
-    directories whose tokenizers are the same files, byte for byte."""
-    loaded = [load(d, device) for d in run_dirs]
+    directories whose tokenizers are the same files, byte for byte. Each
+    member's tokenizer is compared before its weights are read."""
     first = Path(run_dirs[0])
-    want = [f.read_bytes() for f in Tokenizer.files(first)]
+    loaded = [load(first, device)]
+    want = _tokenizer_bytes(first)
     for d in run_dirs[1:]:
-        if [f.read_bytes() for f in Tokenizer.files(Path(d))] != want:
+        got = _tokenizer_bytes(Path(d))
+        if got is not None and got != want:  # missing files: load() names them
             raise ModelDirError(f"{d}: its tokenizer differs from {first}'s; ensemble members must share one")
+        loaded.append(load(d, device))
     return Ensemble([m for m, _, _ in loaded]).eval(), loaded[0][1], loaded[0][2]
 
 

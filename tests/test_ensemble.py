@@ -10,7 +10,8 @@ from test_search import PAD, S, sources, tiny_model, uncached_greedy
 
 from mt.cli import main
 from mt.ensemble import Ensemble
-from mt.inference import Translator, export_model, load, load_ensemble
+from mt.errors import ModelDirError
+from mt.inference import WEIGHTS, Translator, export_model, load, load_ensemble
 from mt.model import DecoderCache, Transformer
 from mt.search import beam_search, greedy_search
 from mt.tokenizer import write_text_config
@@ -129,3 +130,13 @@ def test_ensemble_members_must_share_the_tokenizer(toy_run, tmp_path, capsys):
     write_text_config(odd, "paper", "en", "de")  # the same pieces, but lowercased, Moses-tokenized text
     assert main(["translate", "--model", str(toy_run), str(odd)]) == 1
     assert f"{odd}: its tokenizer differs from {toy_run}'s" in capsys.readouterr().err
+
+    # the comparison comes before the member's weights are read: unreadable ones are never reached
+    (odd / WEIGHTS).write_bytes(b"not safetensors")
+    with pytest.raises(ModelDirError, match="its tokenizer differs"):
+        load_ensemble([toy_run, odd])
+    same = tmp_path / "same"  # the same tokenizer: now the weights are read, and fail
+    shutil.copytree(toy_run, same, ignore=shutil.ignore_patterns("eval"))
+    (same / WEIGHTS).write_bytes(b"not safetensors")
+    with pytest.raises(ModelDirError, match="cannot load weights"):
+        load_ensemble([toy_run, same])
