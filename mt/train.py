@@ -357,7 +357,16 @@ def train(cfg: Config) -> Path:
         chosen = " ".join(f"trainer.{k}={v}" for k, v in dataclasses.asdict(cfg.trainer).items())
         raise ConfigError(f"{chosen}: cannot run here: {e}") from None
     start = time.perf_counter()
-    trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    try:
+        trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    except SystemExit:
+        # Lightning answers Ctrl-C with a graceful shutdown and sys.exit(1): report the interrupt as one
+        # (the CLI exits 130) and say how to go on; the checkpoints on disk are complete (AtomicCheckpointIO)
+        if not trainer.interrupted:
+            raise
+        hint = f"; rerun the same command to resume from {last}" if last.exists() else ""
+        print(f"training interrupted at update {trainer.global_step}{hint}", file=sys.stderr)
+        raise KeyboardInterrupt from None
     minutes = (time.perf_counter() - start) / 60
     if trainer.is_global_zero:
         val = list(dm.val_dataloader()) if t.average_choose else None

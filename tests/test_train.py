@@ -254,6 +254,31 @@ def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path, bpe_dropout):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_ctrl_c_exits_130_and_says_how_to_resume(toy_data, tmp_path):
+    """SIGINT (Ctrl-C) mid-training: exit status 130 as for any interrupted
+    command (Lightning's own handler exits 1), a line that says how to go on,
+    complete checkpoints, and the same command resumes from them."""
+    run = tmp_path / "interrupted"
+    opts = ("train.max_steps=100000", "train.val_every_steps=7")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        mt_cmd(*train_args(toy_data, run, *opts)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    deadline = time.time() + 120
+    while not (run / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert f"rerun the same command to resume from {run / 'checkpoints' / 'last.ckpt'}" in err
+    assert "mt train: interrupted" in err and "Traceback" not in err
+    for ckpt in (run / "checkpoints").glob("*.ckpt"):
+        torch.load(ckpt, map_location="cpu", weights_only=True)
+    done = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["global_step"]
+    assert main(train_args(toy_data, run, "train.val_every_steps=7", f"train.max_steps={done + 7}")) == 0
+    assert int(metrics(run)[-1]["step"]) + 1 == done + 7
+
+
 def test_ddp_two_processes_on_cpu(toy_data, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = train_args(
