@@ -36,7 +36,8 @@ fi
 
 if [ -d .device ]; then  # offline: use the machine's python3 and its packages
     python3 -m pip install -q --no-index --no-deps --find-links .device/wheels datasets dill multiprocess sacremoses
-    python3 -m pip install -q --no-deps --no-build-isolation -e .
+    # mt itself runs from this tree: installing it would need the image's setuptools to be >= 77
+    export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
     export MT_DATA_DIR=${MT_DATA_DIR:-$PWD/.device/multi30k/raw}
 else
     bash scripts/setup.sh
