@@ -4,6 +4,10 @@
 # budget; prints validation BLEU (greedy) and tokens/s at the end of each run.
 #
 #   bash scripts/vocab_sweep.sh [MINUTES] [SIZE ...]      (default: 10 minutes; 4000 8000 16000)
+#
+# VOCAB_SWEEP_OVERRIDES adds config overrides to every training, e.g.
+# VOCAB_SWEEP_OVERRIDES="train.lr=0.002" for the README's sweep, made before
+# the recipe's peak learning rate went up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
@@ -17,7 +21,7 @@ for v in $sizes; do
     rm -rf "$run"
     mt prepare --config configs/multi30k_cpu.yaml data.vocab_size=$v data.prepared_dir=$prepared | tail -5
     mt train --config configs/multi30k_cpu.yaml data.vocab_size=$v data.prepared_dir=$prepared \
-        train.run_dir=$run train.max_minutes=$minutes train.average_last=0 2>&1 | grep -E "valid|trained"
+        train.run_dir=$run train.max_minutes=$minutes train.average_last=0 ${VOCAB_SWEEP_OVERRIDES:-} 2>&1 | grep -E "valid|trained"
 done
 python - $sizes <<'PY'
 import csv, glob, sys
