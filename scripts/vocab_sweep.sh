@@ -21,7 +21,8 @@ for v in $sizes; do
     rm -rf "$run"
     mt prepare --config configs/multi30k_cpu.yaml data.vocab_size=$v data.prepared_dir=$prepared | tail -5
     mt train --config configs/multi30k_cpu.yaml data.vocab_size=$v data.prepared_dir=$prepared \
-        train.run_dir=$run train.max_minutes=$minutes train.average_last=0 ${VOCAB_SWEEP_OVERRIDES:-} 2>&1 | grep -E "valid|trained"
+        train.run_dir=$run train.max_minutes=$minutes train.average_last=0 train.average_choose=false \
+        ${VOCAB_SWEEP_OVERRIDES:-} 2>&1 | grep -E "valid|trained|error"
 done
 python - $sizes <<'PY'
 import csv, glob, sys
