@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -23,6 +22,7 @@ from mt.ensemble import Ensemble
 from mt.errors import ModelDirError
 from mt.model import Transformer
 from mt.search import SearchSettings, beam_search, greedy_search
+from mt.textio import publish
 from mt.tokenizer import Tokenizer, pad_batch
 
 WEIGHTS, MODEL_JSON = "model.safetensors", "model.json"
@@ -32,15 +32,15 @@ def export_model(model: Transformer, tokenizer_dir: Path, run_dir: Path, extra: 
     """Write the inference model into ``run_dir`` (each file via a temporary name)."""
     run_dir = Path(run_dir)
     tmp = run_dir / (WEIGHTS + ".tmp")
-    save_model(model, str(tmp))
-    os.replace(tmp, run_dir / WEIGHTS)
+    save_model(model, str(tmp))  # safetensors creates it 0o600
+    publish(tmp, run_dir / WEIGHTS)
     for f in Tokenizer.files(tokenizer_dir):
         if f.parent.resolve() != run_dir.resolve():
             shutil.copyfile(f, run_dir / f.name)
     meta = {"model": dataclasses.asdict(model.cfg), **(extra or {})}
     tmp = run_dir / (MODEL_JSON + ".tmp")
     tmp.write_text(json.dumps(meta, indent=2))
-    os.replace(tmp, run_dir / MODEL_JSON)
+    publish(tmp, run_dir / MODEL_JSON)
 
 
 def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer, dict]:

@@ -31,6 +31,25 @@ def _file_in_the_way(path: Path) -> Path:
     return path.parent
 
 
+def new_file_mode() -> int:
+    """The permissions ``open(path, "w")`` gives a new file: 0o666 less the umask.
+    Temporary files are created 0o600, and a rename keeps that."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def publish(tmp: str | Path, path: str | Path) -> None:
+    """Rename the finished ``tmp`` to ``path``, with the permissions a file
+    written in place would have (those of the file it replaces, if any)."""
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = new_file_mode()
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
 @contextlib.contextmanager
 def atomic_output(path: str | Path, binary: bool = False) -> Iterator[IO]:
     """Write to a temporary file beside ``path`` (UTF-8 text, or bytes with
@@ -51,7 +70,7 @@ def atomic_output(path: str | Path, binary: bool = False) -> Iterator[IO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        publish(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

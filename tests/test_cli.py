@@ -17,7 +17,7 @@ from mt.inference import Translator, decoding_dtype, load
 from mt.inspect import alignment, force_decode, pharaoh, translate_with_attention
 from mt.metrics import bleu
 from mt.plotting import heatmap_grid, save_figure
-from mt.textio import atomic_output
+from mt.textio import atomic_output, new_file_mode
 
 
 @pytest.fixture(scope="module")
@@ -152,6 +152,28 @@ def test_atomic_output_on_interrupt(tmp_path):
         f.write("partial\n")
         raise KeyboardInterrupt
     assert list(tmp_path.iterdir()) == []
+
+
+def test_outputs_get_the_permissions_of_files_written_in_place(toy_run, tmp_path):
+    """Temporary files are created 0o600; the renamed output must not keep
+    that: a new file follows the umask, a replaced file keeps its mode."""
+    umask = os.umask(0o027)
+    try:
+        assert new_file_mode() == 0o640
+        with atomic_output(tmp_path / "new.txt") as f:
+            f.write("x\n")
+        assert (tmp_path / "new.txt").stat().st_mode & 0o7777 == 0o640
+        (tmp_path / "old.txt").write_text("old\n")
+        (tmp_path / "old.txt").chmod(0o604)
+        with atomic_output(tmp_path / "old.txt") as f:
+            f.write("new\n")
+        assert (tmp_path / "old.txt").stat().st_mode & 0o7777 == 0o604
+        assert (tmp_path / "old.txt").read_text() == "new\n"
+    finally:
+        os.umask(umask)
+    # the run directory's inference model, exported by training under this session's umask
+    for name in ("model.safetensors", "model.json"):
+        assert (toy_run / name).stat().st_mode & 0o7777 == new_file_mode(), name
 
 
 def test_long_line_is_truncated_with_warning(toy_run, tmp_path, capsys):
