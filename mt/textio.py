@@ -34,8 +34,12 @@ def _file_in_the_way(path: Path) -> Path:
 def new_file_mode() -> int:
     """The permissions ``open(path, "w")`` gives a new file: 0o666 less the umask.
     Temporary files are created 0o600, and a rename keeps that."""
-    umask = os.umask(0)
-    os.umask(umask)
+    try:  # Linux reports it; setting it to read it back would briefly change it for every thread
+        with open("/proc/self/status") as f:
+            umask = next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        umask = os.umask(0)
+        os.umask(umask)
     return 0o666 & ~umask
 
 
