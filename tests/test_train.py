@@ -168,8 +168,9 @@ def test_average_choose_exports_the_average_of_lowest_validation_loss(toy_data, 
     k = 1 + losses.index(min(losses))
     source = json.loads((run / "model.json").read_text())["source"]
     measured = " ".join(f"{x:.4f}" for x in losses)  # the averages' losses, newest 1 to 5, as measured here
-    assert source.startswith(f"average of {k} checkpoint"), (source, measured, [p.name for p in paths])
-    assert measured in source, (source, measured, [p.name for p in paths])
+    why = (source, measured, [p.name for p in paths])
+    assert source.startswith(f"average of {k} checkpoint"), why
+    assert measured in source, why
     exported = load_file(run / "model.safetensors")
     chosen = average_checkpoints(paths[-k:])
     assert all(torch.equal(v, chosen[f"model.{n}"]) for n, v in exported.items())
