@@ -151,9 +151,11 @@ def _check_decoding_options(args) -> None:
 
 
 def _translator(args):
+    from mt.allocator import keep_freed_memory
     from mt.inference import Translator, decoding_dtype, load, load_ensemble
 
     _check_decoding_options(args)
+    keep_freed_memory()  # a command that decodes and exits: reuse freed memory (mt/allocator.py)
     device = _device(args.device)
     model, tok, meta = load(args.model[0], device) if len(args.model) == 1 else load_ensemble(args.model, device)
     model = model.to(decoding_dtype(args.dtype, next(model.parameters()).device))

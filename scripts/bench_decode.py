@@ -9,7 +9,11 @@ prepared Multi30k data (its sentencepiece model serves as Marian's
 tokenizer, which the converter loads, and its test set gives the lengths).
 
     pip install transformers ctranslate2     # benchmark-only dependencies
-    python scripts/bench_decode.py [--sentences 1000] [--batch 64] [--rounds 3]
+    python scripts/bench_decode.py [--sentences 1000] [--batch 64] [--rounds 3] [--keep-freed-memory]
+
+By default the C allocator keeps its defaults, as in any Python program.
+``--keep-freed-memory`` applies what ``mt translate`` and ``mt evaluate`` set
+(``mt.allocator``) to the whole process, for every engine alike.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from mt.allocator import keep_freed_memory
 from mt.config import ModelConfig
 from mt.linear import matmul_peak
 from mt.model import Transformer
@@ -68,7 +73,12 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--rounds", type=int, default=3, help="engines take turns this many times; best round counts")
     p.add_argument("--prepared", type=Path, default=Path("data/prepared/multi30k.en-de"))
+    p.add_argument(
+        "--keep-freed-memory", action="store_true", help="mt's decoding commands' allocator setting, all engines"
+    )
     args = p.parse_args()
+    if args.keep_freed_memory and not keep_freed_memory():
+        raise SystemExit("--keep-freed-memory: not available here (glibc only; unset MALLOC_*_THRESHOLD_)")
     import ctranslate2
     import transformers
     from transformers import MarianConfig, MarianMTModel
@@ -180,7 +190,7 @@ def main() -> None:
     print(
         f"{args.sentences} sentences, batch {args.batch}, {OUT_LEN} output tokens each; sentences/s, best of "
         f"{args.rounds} rounds (transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}, "
-        f"torch {torch.__version__})"
+        f"torch {torch.__version__}; allocator: {'freed memory kept' if args.keep_freed_memory else 'defaults'})"
     )
     print(f"{'':<22}" + "".join(f"{searches[beam]:>9}" for beam in searches))
     for name in engines:
