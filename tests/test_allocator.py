@@ -12,7 +12,8 @@ import pytest
 
 # In a fresh process (the setting is process-wide): a beam search whose
 # per-step tensors are megabytes (64 sentences x 5 beams x 8,000 logits),
-# then the minor page faults of two more searches.
+# then the fewest minor page faults of three more searches (the fewest: the
+# host may reclaim idle memory now and then, which any one search can meet).
 PROBE = """
 import resource, sys, torch
 from mt.allocator import keep_freed_memory
@@ -28,10 +29,12 @@ if sys.argv[1] == "search":
     src = torch.randint(4, 8000, (64, 12))
     s = SearchSettings(bos_id=1, eos_id=2, pad_id=0, max_len_a=0.0, max_len_b=12, min_len=12)
     beam_search(model, src, s, beam=5)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-    for _ in range(2):
+    faults = []
+    for _ in range(3):
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         beam_search(model, src, s, beam=5)
-    print(took, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    print(took, min(faults))
 else:
     print(took, -1)
 """
@@ -54,8 +57,8 @@ def test_beam_search_reuses_freed_memory():
     kept_off, faults_off = _probe("search", MT_KEEP_FREED_MEMORY="0")
     assert kept_off == "False"
     # glibc's defaults hand the megabyte blocks back and fault them in again
-    # (~20,000 faults here); kept, they are reused: next to none
-    assert faults_off > 2000
+    # (~7,000-9,000 faults a search here); kept, they are reused: next to none
+    assert faults_off > 1000
     assert faults < faults_off / 20
 
 
