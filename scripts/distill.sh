@@ -4,8 +4,11 @@
 # sources with beam 5; a new model of the GPU recipe trains on the original
 # pairs plus the teachers' translations (KD_MIX=0: the translations alone).
 #
-#   bash scripts/distill.sh RUN [RUN ...] [-- section.key=value ...]
+#   bash scripts/distill.sh RUN [RUN ...] [+ RUN [RUN ...] ...] [-- section.key=value ...]
 #
+# Groups separated by + translate separately, each group as one ensemble, and
+# every group's translation is added: several translations of each source
+# (as in data diversification, Nguyen et al. 2020).
 # The overrides after -- go to prepare and train, e.g.
 #   bash scripts/distill.sh runs/a runs/b -- train.max_steps=5000 train.cooldown_steps=2000
 # Environment: KD_DIR (default data/kd: the teachers' output, the corpus built
@@ -20,10 +23,20 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . .venv/bin/activate
 
-teachers=()
-while [ $# -gt 0 ] && [ "$1" != "--" ]; do teachers+=("$1"); shift; done
+usage="usage: bash scripts/distill.sh RUN [RUN ...] [+ RUN [RUN ...] ...] [-- overrides]"
+runs=() starts=(0)  # every group's runs in one list; group g is runs[starts[g]] up to runs[starts[g+1]-1]
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    if [ "$1" = "+" ]; then
+        [ ${#runs[@]} -gt "${starts[-1]}" ] || { echo "$usage" >&2; exit 2; }
+        starts+=(${#runs[@]})
+    else
+        runs+=("$1")
+    fi
+    shift
+done
 [ $# -gt 0 ] && shift
-[ ${#teachers[@]} -gt 0 ] || { echo "usage: bash scripts/distill.sh RUN [RUN ...] [-- overrides]" >&2; exit 2; }
+[ ${#runs[@]} -gt "${starts[-1]}" ] || { echo "$usage" >&2; exit 2; }
+starts+=(${#runs[@]})
 config=${CONFIG:-configs/multi30k_gpu.yaml}
 kd=${KD_DIR:-data/kd} run=${KD_RUN:-runs/kd} mix=${KD_MIX:-1}
 raw=$(cd "${MT_DATA_DIR:-../shared/data/multi30k/raw}" && pwd)
@@ -40,19 +53,24 @@ cat_split() {  # the plain text of <split>.<lang>[.gz] in the corpus
 }
 
 mkdir -p "$kd/raw"
-teacher_out=$kd/train.$tgt.teacher
-if [ ! -s "$teacher_out" ]; then
-    echo "== teachers ${teachers[*]} translate train.$src"
-    cat_split train "$src" > "$kd/train.$src"
-    mt translate --model "${teachers[@]}" --beam 5 -i "$kd/train.$src" -o "$teacher_out"
-    echo "${teachers[*]}" > "$teacher_out.runs"
-elif [ "$(cat "$teacher_out.runs" 2>/dev/null)" != "${teachers[*]}" ]; then
-    echo "distill.sh: $teacher_out was decoded by '$(cat "$teacher_out.runs" 2>/dev/null)', not '${teachers[*]}':" \
-        "delete it to decode again, or set KD_DIR" >&2
-    exit 1
-else
-    echo "== reusing $teacher_out (decoded by ${teachers[*]})"
-fi
+outputs=()  # one translation of train.$src per group: train.$tgt.teacher, then .teacher2, ...
+for ((g = 0; g < ${#starts[@]} - 1; g++)); do
+    teachers=("${runs[@]:${starts[g]}:$((starts[g + 1] - starts[g]))}")
+    out=$kd/train.$tgt.teacher$([ "$g" = 0 ] || echo $((g + 1)))
+    if [ ! -s "$out" ]; then
+        echo "== teachers ${teachers[*]} translate train.$src"
+        [ -s "$kd/train.$src" ] || cat_split train "$src" > "$kd/train.$src"
+        mt translate --model "${teachers[@]}" --beam 5 -i "$kd/train.$src" -o "$out"
+        echo "${teachers[*]}" > "$out.runs"
+    elif [ "$(cat "$out.runs" 2>/dev/null)" != "${teachers[*]}" ]; then
+        echo "distill.sh: $out was decoded by '$(cat "$out.runs" 2>/dev/null)', not '${teachers[*]}':" \
+            "delete it to decode again, or set KD_DIR" >&2
+        exit 1
+    else
+        echo "== reusing $out (decoded by ${teachers[*]})"
+    fi
+    outputs+=("$out")
+done
 
 # The corpus: train = (original +) distilled pairs; every other split as it is.
 for f in "$raw"/*; do
@@ -60,13 +78,14 @@ for f in "$raw"/*; do
     case $name in train.*) ;; *) ln -sfn "$f" "$kd/raw/$name" ;; esac
 done
 [ -d "$raw/../tok" ] && ln -sfn "$(cd "$raw/../tok" && pwd)" "$kd/tok"  # the paper-style references
+copies=${#outputs[@]}
 if [ "$mix" = 1 ]; then
-    { cat_split train "$src"; cat_split train "$src"; } > "$kd/raw/train.$src"
-    { cat_split train "$tgt"; cat "$teacher_out"; } > "$kd/raw/train.$tgt"
+    copies=$((copies + 1))
+    { cat_split train "$tgt"; cat "${outputs[@]}"; } > "$kd/raw/train.$tgt"
 else
-    cat_split train "$src" > "$kd/raw/train.$src"
-    cp "$teacher_out" "$kd/raw/train.$tgt"
+    cat "${outputs[@]}" > "$kd/raw/train.$tgt"
 fi
+for _ in $(seq "$copies"); do cat_split train "$src"; done > "$kd/raw/train.$src"
 wc -l "$kd/raw/train.$src" "$kd/raw/train.$tgt"
 
 data=(data.source=local "data.local_dir=$kd/raw" "data.prepared_dir=$kd/prepared.$src-$tgt")

@@ -68,3 +68,19 @@ def test_distill_trains_a_student_on_the_sources_paired_with_the_teachers_transl
     assert failed.returncode == 1
     assert f"{kd / 'train.tgt.teacher'} was decoded by '{toy_run}', not '{toy_run} {toy_run}'" in failed.stderr
     assert read_lines(kd / "raw" / "train.tgt") == teacher
+
+    # groups separated by +: each translates on its own (the first reused), every translation is added
+    env.update(KD_MIX="1", KD_RUN=str(tmp_path / "student_two_groups"))
+    groups = command[:3] + ["+", str(toy_run), str(toy_run)] + command[3:]
+    out = subprocess.run(groups, env=env, capture_output=True, text=True, check=True).stdout
+    assert f"reusing {kd / 'train.tgt.teacher'}" in out
+    ensemble = read_lines(kd / "train.tgt.teacher2")
+    assert len(ensemble) == len(sources)
+    assert (kd / "train.tgt.teacher2.runs").read_text().split() == [str(toy_run)] * 2
+    assert read_lines(kd / "raw" / "train.src") == sources * 3
+    assert read_lines(kd / "raw" / "train.tgt") == targets + teacher + ensemble
+
+    # an empty group: a usage error before anything runs
+    for bad in (command[:3] + ["+"] + command[3:], command[:2] + ["+"] + command[2:]):
+        failed = subprocess.run(bad, env=env, capture_output=True, text=True)
+        assert failed.returncode == 2 and "usage:" in failed.stderr
