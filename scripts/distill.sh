@@ -59,7 +59,7 @@ for ((g = 0; g < ${#starts[@]} - 1; g++)); do
     out=$kd/train.$tgt.teacher$([ "$g" = 0 ] || echo $((g + 1)))
     if [ ! -s "$out" ]; then
         echo "== teachers ${teachers[*]} translate train.$src"
-        [ -s "$kd/train.$src" ] || cat_split train "$src" > "$kd/train.$src"
+        cat_split train "$src" > "$kd/train.$src"
         mt translate --model "${teachers[@]}" --beam 5 -i "$kd/train.$src" -o "$out"
         echo "${teachers[*]}" > "$out.runs"
     elif [ "$(cat "$out.runs" 2>/dev/null)" != "${teachers[*]}" ]; then
