@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mt.linear import Linear
+from mt.linear import Linear, StackedWeight
 
 
 def scaled_dot_product_attention(
@@ -143,6 +143,9 @@ class MultiHeadAttention(nn.Module):
         for linear in (self.w_q, self.w_k, self.w_v, self.w_o):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
+        # inference: self-attention's three projections as one product (faster
+        # decoding steps, see README, Decoding speed); training keeps three
+        self.w_qkv = StackedWeight()
 
     def split_heads(self, x: Tensor) -> Tensor:
         b, t, _ = x.shape  # (B, T, D)
@@ -169,19 +172,26 @@ class MultiHeadAttention(nn.Module):
     ) -> AttentionOutput:
         """query: (B, T_q, D); key_value: (B, T_new, D) or None; mask: bool,
         broadcastable to (B, H, T_q, T_k) where T_k counts ``past`` keys too."""
-        q = self.split_heads(self.w_q(query))  # (B, H, T_q, D_h)
-        if key_value is None:
+        if key_value is query and not torch.is_grad_enabled():  # self-attention, inference
+            b, t, _ = query.shape
+            qkv = self.w_qkv(query, [self.w_q, self.w_k, self.w_v]).view(b, t, 3, self.n_heads, self.d_head)
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, T, D_h) each
+            if past is None:
+                k, v = k.contiguous(), v.contiguous()
+        elif key_value is None:
             if past is None:
                 raise ValueError("key_value=None needs past keys/values to attend to")
+            q = self.split_heads(self.w_q(query))  # (B, H, T_q, D_h)
             k, v, _ = past.resolved()
         else:
+            q = self.split_heads(self.w_q(query))
             # contiguous: the products below would copy these strided views on every use,
             # and a cached source's keys/values are used at every decoding step
             k = self.split_heads(self.w_k(key_value)).contiguous()  # (B, H, T_new, D_h)
             v = self.split_heads(self.w_v(key_value)).contiguous()
-            if past is not None:
-                k = _append(past.k, k, past.rows)  # (B, H, T_k, D_h)
-                v = _append(past.v, v, past.rows)
+        if key_value is not None and past is not None:
+            k = _append(past.k, k, past.rows)  # (B, H, T_k, D_h)
+            v = _append(past.v, v, past.rows)
         dropout = self.dropout if self.training else 0.0
         groups = q.size(0) // k.size(0)
         if groups * k.size(0) != q.size(0):

@@ -50,6 +50,8 @@ class PackedWeight:
         self.tensor: Tensor | None = None
 
     def get(self, weight: Tensor, rows: int) -> Tensor:
+        if weight.is_inference():  # no version counter to tell an in-place change by: not cached
+            return weight
         key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
         if key != self.key:
             self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
@@ -61,6 +63,48 @@ class PackedWeight:
 
     def __getstate__(self) -> dict:
         return {"key": None, "tensor": None}
+
+
+class StackedWeight:
+    """The weights and biases of several linear maps of the same input,
+    stacked into one (sum of D_out, D_in) matrix so that inference runs one
+    product in place of several (self-attention's queries, keys and values).
+    Remade whenever a part changes, like ``PackedWeight``, and packed for
+    oneDNN alongside. Not part of any state dict; copies and pickles start empty."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.weight: Tensor | None = None
+        self.bias: Tensor | None = None
+        self.packed = PackedWeight()
+
+    def __call__(self, x: Tensor, parts: list[nn.Linear]) -> Tensor:
+        """x: (..., D_in) -> (..., sum of the parts' D_out), the parts' outputs side by side."""
+        tensors = [t for part in parts for t in (part.weight, part.bias) if t is not None]
+        # inference tensors have no version counter to tell an in-place change by: restacked every call
+        key = (
+            None
+            if any(t.is_inference() for t in tensors)
+            else tuple((t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for t in tensors)
+        )
+        if key is None or key != self.key:
+            # an ordinary tensor even when called under torch.inference_mode (as search
+            # runs): the packed copy is keyed on its version counter
+            with torch.inference_mode(False):
+                self.weight = torch.cat([p.weight.detach() for p in parts])
+                biases = [p.weight.new_zeros(p.out_features) if p.bias is None else p.bias.detach() for p in parts]
+                self.bias = None if all(p.bias is None for p in parts) else torch.cat(biases)
+            self.key = key
+        return linear(x, self.weight, self.bias, packed=self.packed)
+
+    def __deepcopy__(self, memo) -> StackedWeight:
+        return StackedWeight()
+
+    def __getstate__(self) -> dict:
+        return StackedWeight().__dict__
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
 
 def linear(

@@ -99,7 +99,7 @@ def arg_max(x: Tensor) -> tuple[Tensor, Tensor]:
     return values, block * _BLOCK + inner
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def greedy_search(model: Transformer, src: Tensor, s: SearchSettings, alpha: float = 1.0) -> list[Hypothesis]:
     """src: (B, T_s) -> per sentence its most probable next token at each step,
     scored like beam search (log-probability / length ** alpha). Finished
@@ -140,7 +140,7 @@ def _strip(ids: list[int], s: SearchSettings) -> list[int]:
     return ids[: ids.index(s.eos_id)] if s.eos_id in ids else [i for i in ids if i != s.pad_id]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(
     model: Transformer, src: Tensor, s: SearchSettings, beam: int = 5, alpha: float = 1.0, n_best: int = 1
 ) -> list[list[Hypothesis]]:

@@ -139,7 +139,7 @@ def main() -> None:
         hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
 
         def run_hf(model):
-            @torch.no_grad()
+            @torch.inference_mode()  # as mt's search runs (generate's own no_grad alone is ~3% slower)
             def go(batch, beam):
                 src = padded(batch)
                 mask = src != PAD

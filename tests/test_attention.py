@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from mt.attention import MultiHeadAttention, attention_stats, scaled_dot_product_attention
+from mt.attention import KV, MultiHeadAttention, attention_stats, scaled_dot_product_attention
 from mt.masks import causal_mask, lengths_mask, padding_mask
 
 
@@ -144,6 +144,28 @@ def test_projections_are_xavier_uniform_not_zero():
         w = lin.weight
         assert w.abs().max() <= bound and w.abs().max() > 0.9 * bound
         assert w.std() > 0.5 * bound / math.sqrt(3)
+
+
+def test_inference_projects_self_attention_in_one_product():
+    """Without gradients self-attention stacks W_q, W_k, W_v into one product:
+    same outputs and keys/values as the three separate products training uses."""
+    torch.manual_seed(8)
+    mha = MultiHeadAttention(16, 2).eval()
+    x = torch.randn(2, 4, 16)
+    mask = padding_mask(torch.tensor([[1] * 4, [1] * 3 + [0]]), 0) & causal_mask(4)
+    separate = mha(x, x, mask)
+    assert separate.output.requires_grad  # gradients on: three products
+    with torch.no_grad():
+        stacked = mha(x, x, mask)
+        step = mha(x[:, -1:], x[:, -1:], None, past=KV(separate.kv.k[:, :, :3], separate.kv.v[:, :, :3]))
+        assert mha.w_qkv.weight is not None and mha.w_qkv.weight.shape == (48, 16)
+        torch.testing.assert_close(stacked.output, separate.output, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(stacked.kv.k, separate.kv.k, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(stacked.kv.v, separate.kv.v, rtol=1e-5, atol=1e-5)
+        full = mha(x[1:], x[1:], causal_mask(4)).output  # row 2's last position, all 4 keys allowed
+        torch.testing.assert_close(step.output[1:], full[:, -1:], rtol=1e-5, atol=1e-5)
+        mha.w_v.weight.mul_(-1.0)  # a changed part is restacked
+        torch.testing.assert_close(mha(x, x, mask).kv.v, -separate.kv.v, rtol=1e-5, atol=1e-5)
 
 
 def test_cached_kv_appends_and_reuses():

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from mt import linear as lin
-from mt.linear import Linear, PackedWeight, linear
+from mt.linear import Linear, PackedWeight, StackedWeight, linear
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -43,6 +43,35 @@ def test_packed_weight_follows_weight_changes():
     clone = copy.deepcopy(layer)  # copies and pickles start with an empty pack
     assert clone.packed.tensor is None
     assert pickle.loads(pickle.dumps(layer)).packed.tensor is None
+
+
+def test_stacked_weight_equals_its_parts_and_follows_them():
+    torch.manual_seed(4)
+    parts = [Linear(16, 8), Linear(16, 4, bias=False), Linear(16, 8)]
+    stacked, x = StackedWeight(), torch.randn(5, 16)
+    with torch.no_grad():
+        for _ in range(2):
+            expected = torch.cat([p(x) for p in parts], dim=-1)
+            torch.testing.assert_close(stacked(x, parts), expected, rtol=1e-5, atol=1e-5)
+            parts[1].weight.add_(1.0)  # in place: the next call must restack
+        assert not torch.allclose(stacked(x, parts)[:, 8:12], expected[:, 8:12])
+        torch.testing.assert_close(stacked(x, parts)[:, 8:12], parts[1](x), rtol=1e-5, atol=1e-5)
+    assert copy.deepcopy(stacked).weight is None
+    assert pickle.loads(pickle.dumps(stacked)).weight is None
+
+
+def test_weights_made_under_inference_mode_are_never_cached_stale():
+    """Inference tensors carry no version counter: packing and stacking must
+    not key a cache on one (search runs under torch.inference_mode)."""
+    torch.manual_seed(5)
+    with torch.inference_mode():
+        parts = [Linear(16, 8).eval(), Linear(16, 8).eval()]
+        stacked, x = StackedWeight(), torch.randn(3, 16)
+        for _ in range(2):
+            expected = torch.cat([F.linear(x, p.weight, p.bias) for p in parts], dim=-1)
+            torch.testing.assert_close(stacked(x, parts), expected, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(parts[0](x), expected[:, :8], rtol=1e-5, atol=1e-5)
+            parts[0].weight.mul_(-1.0)  # in place, untracked
 
 
 def test_training_path_has_gradients():
