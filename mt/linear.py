@@ -39,6 +39,18 @@ def _onednn_applies(x: Tensor, weight: Tensor) -> bool:
     )
 
 
+def _version_key(tensors: list[Tensor]) -> tuple | None:
+    """What tells whether tensors changed since a cache was made from them:
+    storage, in-place version, dtype and shape. None for inference tensors,
+    which keep no version counter: nothing made from them may be cached."""
+    key = []
+    for t in tensors:  # a plain loop: this runs before every product of a decoding step
+        if t.is_inference():
+            return None
+        key.append((t.data_ptr(), t._version, t.dtype, t.shape))
+    return tuple(key)
+
+
 class PackedWeight:
     """A weight reordered once into oneDNN's blocked layout (10-25% faster
     products than handing oneDNN the plain weight at every call), remade
@@ -50,9 +62,9 @@ class PackedWeight:
         self.tensor: Tensor | None = None
 
     def get(self, weight: Tensor, rows: int) -> Tensor:
-        if weight.is_inference():  # no version counter to tell an in-place change by: not cached
+        key = _version_key([weight])
+        if key is None:
             return weight
-        key = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
         if key != self.key:
             self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
             self.key = key
@@ -80,20 +92,14 @@ class StackedWeight:
 
     def __call__(self, x: Tensor, parts: list[nn.Linear]) -> Tensor:
         """x: (..., D_in) -> (..., sum of the parts' D_out), the parts' outputs side by side."""
-        tensors = [t for part in parts for t in (part.weight, part.bias) if t is not None]
-        # inference tensors have no version counter to tell an in-place change by: restacked every call
-        key = (
-            None
-            if any(t.is_inference() for t in tensors)
-            else tuple((t.data_ptr(), t._version, t.dtype, tuple(t.shape)) for t in tensors)
-        )
-        if key is None or key != self.key:
-            # an ordinary tensor even when called under torch.inference_mode (as search
-            # runs): the packed copy is keyed on its version counter
+        key = _version_key([t for p in parts for t in (p.weight, p.bias) if t is not None])
+        if key is None or key != self.key:  # None: restacked at every call
+            # an ordinary tensor even under torch.inference_mode (as search runs),
+            # so that the packed copy can be keyed on its version counter
             with torch.inference_mode(False):
                 self.weight = torch.cat([p.weight.detach() for p in parts])
                 biases = [p.weight.new_zeros(p.out_features) if p.bias is None else p.bias.detach() for p in parts]
-                self.bias = None if all(p.bias is None for p in parts) else torch.cat(biases)
+                self.bias = torch.cat(biases) if any(p.bias is not None for p in parts) else None
             self.key = key
         return linear(x, self.weight, self.bias, packed=self.packed)
 
@@ -102,9 +108,6 @@ class StackedWeight:
 
     def __getstate__(self) -> dict:
         return StackedWeight().__dict__
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
 
 
 def linear(
