@@ -131,7 +131,8 @@ def _add_decoding_options(p) -> None:
         default=d.dtype,
         help="weights and activations while decoding: auto (default) = bfloat16 on GPUs that support it, "
         "else float32. On CPUs with AVX512-BF16/AMX, bfloat16 pays for wide models (1.4x at d_model 256) "
-        "but not for small ones (0.8-0.95x at d_model 128); same BLEU in our tests. Search scores stay float32.",
+        "but not for small ones (0.8-0.95x at d_model 128); same BLEU in our tests. On AVX2-only CPUs it is "
+        "hundreds of times slower (a warning says so). Search scores stay float32.",
     )
 
 
@@ -151,17 +152,27 @@ def _check_decoding_options(args) -> None:
 
 
 def _translator(args):
+    import torch
+
     from mt.allocator import keep_freed_memory
     from mt.inference import Translator, decoding_dtype, load, load_ensemble
+    from mt.linear import slow_bf16_cpu
 
     _check_decoding_options(args)
     keep_freed_memory()  # a command that decodes and exits: reuse freed memory (mt/allocator.py)
     device = _device(args.device)
     model, tok, meta = load(args.model[0], device) if len(args.model) == 1 else load_ensemble(args.model, device)
-    model = model.to(decoding_dtype(args.dtype, next(model.parameters()).device))
+    dtype = decoding_dtype(args.dtype, next(model.parameters()).device)
+    model = model.to(dtype)
 
     def warn(msg: str) -> None:
         print(f"mt: warning: {msg}", file=sys.stderr)
+
+    if dtype == torch.bfloat16 and next(model.parameters()).device.type == "cpu" and slow_bf16_cpu():
+        warn(
+            "--dtype bfloat16: this CPU has no fast bfloat16 products (no AVX-512); decoding runs far slower "
+            "than with --dtype float32"
+        )
 
     t = Translator(model, tok, args.beam, args.alpha, args.batch_size, args.max_len_a, args.max_len_b, warn=warn)
     return t, meta

@@ -32,7 +32,7 @@ from mt.config import Config, ConfigError
 from mt.data import Batch, TranslationDataModule
 from mt.errors import MTError
 from mt.inference import export_model
-from mt.linear import matmul_peak
+from mt.linear import bf16_speedup
 from mt.lit import TranslationModule, token_loss
 from mt.model import Transformer
 
@@ -230,14 +230,6 @@ def export_from_checkpoints(
 BF16_MIN_SPEEDUP = 1.25  #: how much faster bfloat16 products must run for ``auto`` to pick bf16-mixed on a CPU
 
 
-def bf16_speedup(n: int = 2048, reps: int = 3) -> float:
-    """How many times as fast an n x n matrix product runs in bfloat16 as in
-    float32 on this CPU (``torch.mm``, the products that training runs in
-    each precision; ``mt.linear.matmul_peak``). Leaves the RNG as it was."""
-    with torch.random.fork_rng():
-        return matmul_peak(torch.bfloat16, n, reps, onednn=False) / matmul_peak(torch.float32, n, reps, onednn=False)
-
-
 def resolve_precision(cfg: Config) -> str:
     """``train.precision``, with ``auto`` decided for this machine.
 
@@ -266,7 +258,7 @@ def resolve_precision(cfg: Config) -> str:
     else:
         speedup = bf16_speedup()
         chosen = "bf16-mixed" if speedup >= BF16_MIN_SPEEDUP else "32-true"
-        why = f"bfloat16 products run at {speedup:.2f}x float32's speed on this CPU"
+        why = f"bfloat16 products run at {speedup:.2g}x float32's speed on this CPU"
     print(f"train.precision=auto: {chosen} ({why})")
     return chosen
 

@@ -13,6 +13,7 @@ import time
 import torch
 
 from mt.attention import MultiHeadAttention
+from mt.linear import slow_bf16_cpu
 from mt.masks import causal_mask, lengths_mask
 
 
@@ -56,6 +57,9 @@ def main() -> None:
     )
     print(f"{'dtype':<6}{'explicit ms':>13}{'fused ms':>10}{'fused/explicit':>16}")
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        if dtype == torch.bfloat16 and args.device == "cpu" and slow_bf16_cpu():
+            print("bf16 left out: this CPU has no fast bfloat16 path (AVX2 only)")
+            continue
         explicit, fused = bench("explicit", dtype, args), bench("fused", dtype, args)
         print(f"{name:<6}{explicit:>13.2f}{fused:>10.2f}{fused / explicit:>15.2f}x")
 

@@ -53,6 +53,16 @@ def test_decoding_dtype_and_bfloat16_translations(toy_model, toy_test):
     assert sum(a == b for a, b in zip(fp32, bf16)) >= 90  # bfloat16 rounding may flip a few close calls
 
 
+@pytest.mark.parametrize("slow", [True, False])
+def test_translate_warns_of_bfloat16_on_a_cpu_without_it(toy_run, toy_test, tmp_path, capsys, monkeypatch, slow):
+    monkeypatch.setattr("mt.linear.slow_bf16_cpu", lambda: slow)
+    (tmp_path / "in.txt").write_text("\n".join(toy_test[0][:3]) + "\n")
+    assert main(["translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "--dtype", "bfloat16"]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 3
+    assert ("--dtype bfloat16: this CPU has no fast bfloat16 products" in captured.err) == slow
+
+
 def test_translate_cli_one_line_per_line(toy_run, toy_model, toy_test, tmp_path, capsys):
     model, tok, _ = toy_model
     src = toy_test[0][:20]

@@ -91,3 +91,27 @@ def test_onednn_switch_gives_the_same_result(monkeypatch):
         fast = layer(x)
         monkeypatch.setattr(lin, "use_onednn", False)
         torch.testing.assert_close(layer(x), fast, rtol=1e-5, atol=1e-5)
+
+
+def test_bfloat16_takes_f_linear_where_onednn_has_no_bfloat16(monkeypatch):
+    """AVX2-only CPUs: oneDNN cannot build bfloat16 products at all, so they go to F.linear."""
+    monkeypatch.setattr(lin, "_ONEDNN_BF16", False)
+    torch.manual_seed(2)
+    x, layer = torch.randn(4, 16, dtype=torch.bfloat16), Linear(16, 8).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert layer.packed.tensor is None  # nothing was packed for oneDNN
+    assert lin.matmul_peak(torch.bfloat16, n=64, reps=1) > 0
+
+
+@pytest.mark.parametrize("bf16_flops, sizes", [(1e9, {256}), (200e9, {256, 2048})])
+def test_bf16_speedup_measures_large_products_only_where_bfloat16_is_fast(monkeypatch, bf16_flops, sizes):
+    seen = set()
+
+    def peak(dtype, n, reps, onednn=True):
+        seen.add(n)
+        return bf16_flops if dtype == torch.bfloat16 else 100e9
+
+    monkeypatch.setattr(lin, "matmul_peak", peak)
+    assert lin.bf16_speedup() == bf16_flops / 100e9
+    assert seen == sizes
