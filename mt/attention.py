@@ -74,18 +74,34 @@ def _softmax(scores: Tensor) -> Tensor:
     return torch.softmax(scores, dim=-1)
 
 
+class KVStore:
+    """Key and value buffers (B, H, capacity, D_h) with room to grow: a
+    cache's ``k`` and ``v`` are views of their first positions, so that the
+    next decoding step writes its position in place instead of copying the
+    whole cache (``torch.cat``) as it appends. ``length`` is how many positions
+    are claimed: a second step from the same, shorter cache must not
+    overwrite what the first wrote, so it copies instead."""
+
+    __slots__ = ("k", "v", "length")
+
+    def __init__(self, k: Tensor, v: Tensor, length: int):
+        self.k, self.v, self.length = k, v, length
+
+
 class KV(NamedTuple):
     """Projected keys and values of one attention layer, (B, H, T_k, D_h) each.
 
     ``rows`` (R,), when set, is a reordering not yet carried out: the cache
     stands for ``k[rows]`` and ``v[rows]``. Self-attention carries it out while
     appending the next position, in one copy of the cache instead of two
-    (beam search reorders the whole cache at every step).
+    (beam search reorders the whole cache at every step). ``store``, when set,
+    holds ``k`` and ``v`` with room for more positions (``KVStore``).
     """
 
     k: Tensor
     v: Tensor
     rows: Tensor | None = None
+    store: KVStore | None = None
 
     def select(self, rows: Tensor) -> KV:
         """The cache of batch rows ``rows`` (in that order), picked lazily."""
@@ -182,16 +198,17 @@ class MultiHeadAttention(nn.Module):
             if past is None:
                 raise ValueError("key_value=None needs past keys/values to attend to")
             q = self.split_heads(self.w_q(query))  # (B, H, T_q, D_h)
-            k, v, _ = past.resolved()
+            cached = past.resolved()
+            k, v = cached.k, cached.v
         else:
             q = self.split_heads(self.w_q(query))
             # contiguous: the products below would copy these strided views on every use,
             # and a cached source's keys/values are used at every decoding step
             k = self.split_heads(self.w_k(key_value)).contiguous()  # (B, H, T_new, D_h)
             v = self.split_heads(self.w_v(key_value)).contiguous()
+        store = None
         if key_value is not None and past is not None:
-            k = _append(past.k, k, past.rows)  # (B, H, T_k, D_h)
-            v = _append(past.v, v, past.rows)
+            k, v, store = _append(past, k, v)  # (B, H, T_k, D_h) each
         dropout = self.dropout if self.training else 0.0
         groups = q.size(0) // k.size(0)
         if groups * k.size(0) != q.size(0):
@@ -216,21 +233,40 @@ class MultiHeadAttention(nn.Module):
         if groups > 1:
             out = _ungroup(out, groups)
             weights = _ungroup(weights, groups) if need_weights else None
-        return AttentionOutput(self.w_o(self.merge_heads(out)), weights if need_weights else None, KV(k, v))
+        kv = KV(k, v, None, store)
+        return AttentionOutput(self.w_o(self.merge_heads(out)), weights if need_weights else None, kv)
 
 
-def _append(past: Tensor, new: Tensor, rows: Tensor | None) -> Tensor:
-    """``torch.cat([past[rows], new], dim=2)`` with a single copy of ``past``:
-    (B_past, H, T, D_h), (B, H, T_new, D_h) -> (B, H, T + T_new, D_h)."""
-    if rows is None:
-        return torch.cat([past, new], dim=2)
-    if torch.is_grad_enabled() and (past.requires_grad or new.requires_grad):  # out= has no backward
-        return torch.cat([past.index_select(0, rows), new], dim=2)
-    t = past.size(2)
-    out = new.new_empty(new.size(0), new.size(1), t + new.size(2), new.size(3))
-    torch.index_select(past, 0, rows, out=out[:, :, :t])
-    out[:, :, t:] = new
-    return out
+def _append(past: KV, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, KVStore | None]:
+    """``torch.cat([past.k[past.rows], k], dim=2)``, and the same for v:
+    (B_past, H, T, D_h), (B, H, T_new, D_h) -> (B, H, T + T_new, D_h).
+
+    Without gradients the result lies in a ``KVStore`` with room to grow: the
+    new positions are written in place where ``past`` has room and nothing
+    was appended to it yet; otherwise ``past`` is copied once into a new
+    store: of twice the length, or of just the length when ``past.rows``
+    reorders it on the way."""
+    t, n = past.k.size(2), k.size(2)
+    if torch.is_grad_enabled() and (past.k.requires_grad or k.requires_grad or v.requires_grad):
+        old_k, old_v = (past.k, past.v) if past.rows is None else (past.k[past.rows], past.v[past.rows])
+        return torch.cat([old_k, k], dim=2), torch.cat([old_v, v], dim=2), None  # out= has no backward
+    store = past.store
+    if past.rows is not None or store is None or store.length != t or t + n > store.k.size(2):
+        b, h, _, d = k.shape
+        # room only where the cache is not being reordered: beam search reorders
+        # (copies) it at every step anyway, and its attention runs faster on a
+        # cache without gaps
+        capacity = t + n if past.rows is not None else 2 * (t + n)
+        store = KVStore(k.new_empty(b, h, capacity, d), v.new_empty(b, h, capacity, v.size(3)), t)
+        for old, buf in ((past.k, store.k), (past.v, store.v)):
+            if past.rows is None:
+                buf[:, :, :t] = old
+            else:
+                torch.index_select(old, 0, past.rows, out=buf[:, :, :t])
+    store.k[:, :, t : t + n] = k
+    store.v[:, :, t : t + n] = v
+    store.length = t + n
+    return store.k[:, :, : t + n], store.v[:, :, : t + n], store
 
 
 def _group(x: Tensor, g: int) -> Tensor:

@@ -185,6 +185,36 @@ def test_cached_kv_appends_and_reuses():
     torch.testing.assert_close(again, full)
 
 
+def test_cache_grows_in_place_and_a_second_continuation_copies():
+    """Decoding steps write their keys/values into the room the cache left
+    (no copy of the whole cache per step); a second step from the same past
+    must not overwrite the first one's position."""
+    torch.manual_seed(9)
+    mha = MultiHeadAttention(16, 2).eval()
+    x, other = torch.randn(2, 6, 16), torch.randn(2, 1, 16)
+    full = mha(x, x, causal_mask(6)).output
+    with torch.no_grad():
+        past, stores = None, []
+        for t in range(6):
+            res = mha(x[:, t : t + 1], x[:, t : t + 1], None, past=past)
+            torch.testing.assert_close(res.output, full[:, t : t + 1], rtol=1e-5, atol=1e-5)
+            past = res.kv
+            stores.append(past.store)
+        assert stores[2] is not None and stores[3] is stores[2]  # position 3 went into position 2's room
+        assert past.k.data_ptr() == past.store.k.data_ptr() and past.k.size(2) == 6
+        past = None
+        for t in range(3):  # a cache of 3 positions (with room), then two different 4th positions from it
+            past = mha(x[:, t : t + 1], x[:, t : t + 1], None, past=past).kv
+        assert past.store.k.size(2) > 3
+        a = mha(x[:, 3:4], x[:, 3:4], None, past=past)
+        b = mha(other, other, None, past=past)
+        assert a.kv.store is past.store and b.kv.store is not past.store  # b copied
+        torch.testing.assert_close(a.kv.k[:, :, 3], mha(x, x, causal_mask(6)).kv.k[:, :, 3], rtol=1e-5, atol=1e-5)
+        assert not torch.allclose(a.kv.k[:, :, 3], b.kv.k[:, :, 3])
+        again = mha(x[:, 4:5], x[:, 4:5], None, past=a.kv)  # a's cache is intact
+        torch.testing.assert_close(again.output, full[:, 4:5], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("impl", ["explicit", "fused"])
 def test_grouped_queries_equal_repeated_keys(impl):
     """B*G query rows against B key rows == each key row repeated G times."""
