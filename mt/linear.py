@@ -168,6 +168,9 @@ def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5
     return 2 * n**3 / best
 
 
+BF16_USABLE = 0.25  #: below this bf16_speedup, a CPU has no fast bfloat16 path (benchmarks leave bf16 out)
+
+
 def bf16_speedup(n: int = 2048, reps: int = 3) -> float:
     """How many times as fast an n x n matrix product runs in bfloat16 as in
     float32 on this CPU (``torch.mm``, the products that training runs in each
@@ -183,4 +186,4 @@ def bf16_speedup(n: int = 2048, reps: int = 3) -> float:
 
     with torch.random.fork_rng():
         quick = ratio(256, 2)
-        return quick if quick < 0.25 else ratio(n, reps)
+        return quick if quick < BF16_USABLE else ratio(n, reps)

@@ -30,7 +30,7 @@ import torch
 
 from mt.allocator import keep_freed_memory
 from mt.config import ModelConfig
-from mt.linear import bf16_speedup, matmul_peak
+from mt.linear import BF16_USABLE, bf16_speedup, matmul_peak
 from mt.model import Transformer
 from mt.search import SearchSettings, beam_search, greedy_search
 
@@ -114,7 +114,7 @@ def main() -> None:
     ours_bf16.load_state_dict(ours.state_dict())
     # bf16 rows only where bfloat16 has a fast path (not on AVX2-only CPUs, where it is ~400x slower)
     bf16_ratio = bf16_speedup(n=256)
-    with_bf16 = bf16_ratio >= 0.25
+    with_bf16 = bf16_ratio >= BF16_USABLE
 
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir, ct2_dir = Path(tmp) / "marian", Path(tmp) / "ct2"

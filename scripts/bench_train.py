@@ -21,7 +21,7 @@ from torch import nn
 
 from mt.config import ModelConfig
 from mt.layers import sinusoidal_table
-from mt.linear import bf16_speedup, matmul_peak
+from mt.linear import BF16_USABLE, bf16_speedup, matmul_peak
 from mt.loss import linear_cross_entropy
 from mt.model import Transformer
 
@@ -143,7 +143,7 @@ def main() -> None:
     )
     bf16_ratio = bf16_speedup(n=256)
     for name, bf16 in (("fp32", False), ("bf16", True)):
-        if bf16 and bf16_ratio < 0.25:  # an AVX2-only CPU: bfloat16 ~400x slower, a round would take hours
+        if bf16 and bf16_ratio < BF16_USABLE:  # an AVX2-only CPU: bfloat16 ~400x slower, a round would take hours
             print(f"bf16 left out: bfloat16 products run at {bf16_ratio:.2g}x float32's speed on this CPU")
             continue
         peak = matmul_peak(torch.bfloat16 if bf16 else torch.float32)
