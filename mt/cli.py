@@ -156,7 +156,7 @@ def _translator(args):
 
     from mt.allocator import keep_freed_memory
     from mt.inference import Translator, decoding_dtype, load, load_ensemble
-    from mt.linear import slow_bf16_cpu
+    from mt.linear import BF16_USABLE, bf16_speedup
 
     _check_decoding_options(args)
     keep_freed_memory()  # a command that decodes and exits: reuse freed memory (mt/allocator.py)
@@ -168,7 +168,8 @@ def _translator(args):
     def warn(msg: str) -> None:
         print(f"mt: warning: {msg}", file=sys.stderr)
 
-    if dtype == torch.bfloat16 and next(model.parameters()).device.type == "cpu" and slow_bf16_cpu():
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if dtype == torch.bfloat16 and on_cpu and bf16_speedup(n=256) < BF16_USABLE:  # a fraction of a second
         warn(
             "--dtype bfloat16: this CPU has no fast bfloat16 products (no AVX-512); decoding runs far slower "
             "than with --dtype float32"

@@ -33,12 +33,6 @@ _ONEDNN_BF16 = (
 )
 
 
-def slow_bf16_cpu() -> bool:
-    """An x86 CPU without oneDNN's bfloat16 products (AVX2 only), where
-    bfloat16 falls back to a scalar path hundreds of times slower than float32."""
-    return _ONEDNN and not _ONEDNN_BF16
-
-
 def _onednn_dtype(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and _ONEDNN_BF16)
 
@@ -168,7 +162,7 @@ def matmul_peak(dtype: torch.dtype = torch.float32, n: int = 2048, reps: int = 5
     return 2 * n**3 / best
 
 
-BF16_USABLE = 0.25  #: below this bf16_speedup, a CPU has no fast bfloat16 path (benchmarks leave bf16 out)
+BF16_USABLE = 0.25  #: below this bf16_speedup, no fast bfloat16 path: benchmarks leave bf16 out, translate warns
 
 
 def bf16_speedup(n: int = 2048, reps: int = 3) -> float:

@@ -55,7 +55,7 @@ def test_decoding_dtype_and_bfloat16_translations(toy_model, toy_test):
 
 @pytest.mark.parametrize("slow", [True, False])
 def test_translate_warns_of_bfloat16_on_a_cpu_without_it(toy_run, toy_test, tmp_path, capsys, monkeypatch, slow):
-    monkeypatch.setattr("mt.linear.slow_bf16_cpu", lambda: slow)
+    monkeypatch.setattr("mt.linear.bf16_speedup", lambda n: 0.01 if slow else 1.5)
     (tmp_path / "in.txt").write_text("\n".join(toy_test[0][:3]) + "\n")
     assert main(["translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "--dtype", "bfloat16"]) == 0
     captured = capsys.readouterr()
