@@ -92,10 +92,14 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> dict:
     if meta_path.exists():
         meta = json.loads(meta_path.read_text())
         if meta.get("fingerprint") == fingerprint and all((out / s).is_dir() for s in meta["summary"]["splits"]):
+            summary = meta["summary"]
+            if summary.get("train_batches", {}).get("max_tokens") != cfg.max_tokens:
+                # batching is not part of the fingerprint: the stored figures may be for another max_tokens
+                summary = {**summary, "train_batches": _train_batches(out / cfg.train_split, cfg.max_tokens)}
             if verbose:
                 print(f"{out}: up to date (same inputs and config, fingerprint {fingerprint[:12]}); reusing it")
-                print(format_summary(meta["summary"]))
-            return meta["summary"]
+                print(format_summary(summary))
+            return summary
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -125,14 +129,7 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> dict:
         ds.save_to_disk(str(tmp / name))
         summary["splits"][name] = _split_stats(ds, tok.unk_id, dropped)
 
-    train = datasets.load_from_disk(str(tmp / cfg.train_split)).select_columns(["src_ids", "tgt_ids"]).to_dict()
-    src_lens, tgt_lens = [len(x) for x in train["src_ids"]], [len(x) for x in train["tgt_ids"]]
-    batches = TokenBatchSampler(src_lens, tgt_lens, cfg.max_tokens).all_batches()
-    summary["train_batches"] = {
-        "max_tokens": cfg.max_tokens,
-        "batches": len(batches),
-        "padding_waste": round(padding_waste(batches, src_lens, tgt_lens), 4),
-    }
+    summary["train_batches"] = _train_batches(tmp / cfg.train_split, cfg.max_tokens)
     meta_path = tmp / "prepare.json"
     meta_path.write_text(json.dumps({"fingerprint": fingerprint, "summary": summary}, indent=2))
     if out.exists():
@@ -142,6 +139,20 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> dict:
         print(f"prepared {cfg.pair} into {out}")
         print(format_summary(summary))
     return summary
+
+
+def _train_batches(split_dir: Path, max_tokens: int) -> dict:
+    """How many training batches ``max_tokens`` makes of a prepared split, and their padding."""
+    import datasets
+
+    train = datasets.load_from_disk(str(split_dir)).select_columns(["src_ids", "tgt_ids"]).to_dict()
+    src_lens, tgt_lens = [len(x) for x in train["src_ids"]], [len(x) for x in train["tgt_ids"]]
+    batches = TokenBatchSampler(src_lens, tgt_lens, max_tokens).all_batches()
+    return {
+        "max_tokens": max_tokens,
+        "batches": len(batches),
+        "padding_waste": round(padding_waste(batches, src_lens, tgt_lens), 4),
+    }
 
 
 def _split_stats(ds, unk_id: int, dropped: dict[str, int]) -> dict:

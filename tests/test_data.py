@@ -126,6 +126,12 @@ def test_second_prepare_reuses_and_says_so(data_cfg, capsys):
     prepare(data_cfg)
     assert "up to date" in capsys.readouterr().out
     assert model.stat().st_mtime_ns == stamp
+    # another max_tokens reuses the data, and the batch figures it prints are for that max_tokens
+    first = prepare(data_cfg, verbose=False)["train_batches"]
+    data_cfg.max_tokens = first["max_tokens"] // 4
+    again = prepare(data_cfg)["train_batches"]
+    assert "up to date" in capsys.readouterr().out and model.stat().st_mtime_ns == stamp
+    assert again["max_tokens"] == data_cfg.max_tokens and again["batches"] > first["batches"]
     data_cfg.vocab_size = 50  # a config change invalidates it
     prepare(data_cfg)
     assert "prepared" in capsys.readouterr().out
