@@ -156,7 +156,7 @@ def _translator(args):
 
     from mt.allocator import keep_freed_memory
     from mt.inference import Translator, decoding_dtype, load, load_ensemble
-    from mt.linear import BF16_USABLE, bf16_speedup
+    from mt.linear import fast_bf16
 
     _check_decoding_options(args)
     keep_freed_memory()  # a command that decodes and exits: reuse freed memory (mt/allocator.py)
@@ -169,7 +169,7 @@ def _translator(args):
         print(f"mt: warning: {msg}", file=sys.stderr)
 
     on_cpu = next(model.parameters()).device.type == "cpu"
-    if dtype == torch.bfloat16 and on_cpu and bf16_speedup(n=256) < BF16_USABLE:  # a fraction of a second
+    if dtype == torch.bfloat16 and on_cpu and not fast_bf16():
         warn(
             "--dtype bfloat16: this CPU has no fast bfloat16 products (no AVX-512); decoding runs far slower "
             "than with --dtype float32"

@@ -13,7 +13,7 @@ import time
 import torch
 
 from mt.attention import MultiHeadAttention
-from mt.linear import BF16_USABLE, bf16_speedup
+from mt.linear import fast_bf16
 from mt.masks import causal_mask, lengths_mask
 
 
@@ -57,7 +57,7 @@ def main() -> None:
     )
     print(f"{'dtype':<6}{'explicit ms':>13}{'fused ms':>10}{'fused/explicit':>16}")
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        if dtype == torch.bfloat16 and args.device == "cpu" and bf16_speedup(n=256) < BF16_USABLE:
+        if dtype == torch.bfloat16 and args.device == "cpu" and not fast_bf16():
             print("bf16 left out: this CPU has no fast bfloat16 path (AVX2 only)")
             continue
         explicit, fused = bench("explicit", dtype, args), bench("fused", dtype, args)

@@ -104,14 +104,18 @@ def test_bfloat16_takes_f_linear_where_onednn_has_no_bfloat16(monkeypatch):
     assert lin.matmul_peak(torch.bfloat16, n=64, reps=1) > 0
 
 
-@pytest.mark.parametrize("bf16_flops, sizes", [(1e9, {256}), (200e9, {256, 2048})])
-def test_bf16_speedup_measures_large_products_only_where_bfloat16_is_fast(monkeypatch, bf16_flops, sizes):
-    seen = set()
+@pytest.mark.parametrize(
+    "bf16_flops, n, sizes",
+    [(1e9, 2048, [256, 256]), (200e9, 2048, [256, 256, 2048, 2048]), (200e9, 256, [256, 256])],
+)
+def test_bf16_speedup_measures_large_products_only_where_bfloat16_is_fast(monkeypatch, bf16_flops, n, sizes):
+    seen = []
 
     def peak(dtype, n, reps, onednn=True):
-        seen.add(n)
+        seen.append(n)
         return bf16_flops if dtype == torch.bfloat16 else 100e9
 
     monkeypatch.setattr(lin, "matmul_peak", peak)
-    assert lin.bf16_speedup() == bf16_flops / 100e9
-    assert seen == sizes
+    assert lin.bf16_speedup(n) == bf16_flops / 100e9
+    assert seen == sizes  # the quick 256 x 256 check (bfloat16 and float32) is never repeated
+    assert lin.fast_bf16() == (bf16_flops / 100e9 >= lin.BF16_USABLE)
