@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -102,9 +103,14 @@ def evaluate(
         tok_refs = read_lines(paper_ref)
         if len(tok_refs) != len(sources):
             raise DataError(f"{paper_ref}: {len(tok_refs)} lines, expected {len(sources)}")
+    start = time.perf_counter()
     hyps = translator.translate(sources)
+    seconds = time.perf_counter() - start
     dtype = str(next(translator.model.parameters()).dtype).removeprefix("torch.")
     scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, "alpha": translator.alpha}
+    # the speed of this run (tokenizing and decoding, on whatever else the machine was doing)
+    scores |= {"workers": translator.workers, "decode_seconds": round(seconds, 3)}
+    scores |= {"sentences_per_s": round(len(hyps) / max(seconds, 1e-9), 1)}
     scores |= {"max_len": f"{translator.settings.max_len_a:g}*src+{translator.settings.max_len_b}", "dtype": dtype}
     scores |= {"ensemble": [str(d) for d in ensemble]} if ensemble else {}
     scores |= sacrebleu_scores(hyps, refs, lowercase=translator.tok.lowercase)

@@ -13,6 +13,7 @@ else (training, CUDA, other CPUs) takes ``F.linear``. Results agree with
 from __future__ import annotations
 
 import platform
+import threading
 import time
 
 import torch
@@ -60,6 +61,12 @@ def _version_key(tensors: list[Tensor]) -> tuple | None:
     return tuple(key)
 
 
+# Remaking a packed or stacked weight happens under this lock: decoding
+# threads (mt.inference.Translator's workers) share one model, and its first
+# batches would otherwise race to make them. Once made, reads take no lock.
+_REMAKE = threading.Lock()
+
+
 class PackedWeight:
     """A weight reordered once into oneDNN's blocked layout (10-25% faster
     products than handing oneDNN the plain weight at every call), remade
@@ -75,8 +82,10 @@ class PackedWeight:
         if key is None:
             return weight
         if key != self.key:
-            self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
-            self.key = key
+            with _REMAKE:
+                if key != self.key:
+                    self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+                    self.key = key  # after the tensor: a reader that sees the key finds its tensor
         return self.tensor
 
     def __deepcopy__(self, memo) -> PackedWeight:
@@ -102,14 +111,14 @@ class StackedWeight:
     def __call__(self, x: Tensor, parts: list[nn.Linear]) -> Tensor:
         """x: (..., D_in) -> (..., sum of the parts' D_out), the parts' outputs side by side."""
         key = _version_key([t for p in parts for t in (p.weight, p.bias) if t is not None])
-        if key is None or key != self.key:  # None: restacked at every call
-            # an ordinary tensor even under torch.inference_mode (as search runs),
-            # so that the packed copy can be keyed on its version counter
-            with torch.inference_mode(False):
-                self.weight = torch.cat([p.weight.detach() for p in parts])
-                biases = [p.weight.new_zeros(p.out_features) if p.bias is None else p.bias.detach() for p in parts]
-                self.bias = torch.cat(biases) if any(p.bias is not None for p in parts) else None
-            self.key = key
+        if key is None:  # inference tensors: restacked at every call, nothing kept
+            weight, bias = _stack(parts)
+            return linear(x, weight, bias)
+        if key != self.key:
+            with _REMAKE:
+                if key != self.key:
+                    self.weight, self.bias = _stack(parts)
+                    self.key = key
         return linear(x, self.weight, self.bias, packed=self.packed)
 
     def __deepcopy__(self, memo) -> StackedWeight:
@@ -117,6 +126,17 @@ class StackedWeight:
 
     def __getstate__(self) -> dict:
         return StackedWeight().__dict__
+
+
+def _stack(parts: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+    """The parts' weights one above the other, and their biases (zeros for a
+    part without one; None if none has one)."""
+    # an ordinary tensor even under torch.inference_mode (as search runs),
+    # so that a packed copy can be keyed on its version counter
+    with torch.inference_mode(False):
+        weight = torch.cat([p.weight.detach() for p in parts])
+        biases = [p.weight.new_zeros(p.out_features) if p.bias is None else p.bias.detach() for p in parts]
+        return weight, torch.cat(biases) if any(p.bias is not None for p in parts) else None
 
 
 def linear(

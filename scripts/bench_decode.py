@@ -9,7 +9,12 @@ prepared Multi30k data (its sentencepiece model serves as Marian's
 tokenizer, which the converter loads, and its test set gives the lengths).
 
     pip install transformers ctranslate2     # benchmark-only dependencies
-    python scripts/bench_decode.py [--sentences 1000] [--batch 64] [--rounds 3] [--keep-freed-memory]
+    python scripts/bench_decode.py [--sentences 1000] [--batch 64] [--rounds 3] [--keep-freed-memory] [--workers 1]
+
+``--workers N`` decodes N batches at once, each in its own thread with 1/N
+of the CPU threads, every engine alike: mt and HF through
+``mt.inference.map_in_threads`` (what ``mt translate --workers`` runs),
+CTranslate2 with N ``inter_threads`` (its own workers) fed the same way.
 
 By default the C allocator keeps its defaults, as in any Python program.
 ``--keep-freed-memory`` applies what ``mt translate`` and ``mt evaluate`` set
@@ -30,6 +35,7 @@ import torch
 
 from mt.allocator import keep_freed_memory
 from mt.config import ModelConfig
+from mt.inference import map_in_threads
 from mt.linear import BF16_USABLE, bf16_speedup, matmul_peak
 from mt.model import Transformer
 from mt.search import SearchSettings, beam_search, greedy_search
@@ -58,12 +64,13 @@ def padded(batch: list[list[int]]) -> torch.Tensor:
     return out
 
 
-def timed(fn, data: list[list[int]], batch: int) -> float:
-    """Sentences per second of ``fn`` over ``data`` in batches (after one warm-up batch)."""
-    fn(data[:batch])
+def timed(fn, data: list[list[int]], batch: int, workers: int = 1) -> float:
+    """Sentences per second of ``fn`` over ``data`` in batches, ``workers``
+    batches at a time (after a warm-up batch per worker)."""
+    batches = [data[i : i + batch] for i in range(0, len(data), batch)]
+    map_in_threads(fn, batches[:workers], workers)
     start = time.perf_counter()
-    for i in range(0, len(data), batch):
-        fn(data[i : i + batch])
+    map_in_threads(fn, batches, workers)
     return len(data) / (time.perf_counter() - start)
 
 
@@ -76,7 +83,16 @@ def main() -> None:
     p.add_argument(
         "--keep-freed-memory", action="store_true", help="mt's decoding commands' allocator setting, all engines"
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="batches decoded at once, every engine alike, each in its own thread with an equal share of the "
+        "CPU threads (mt's --workers; CTranslate2 gets as many inter_threads); default 1",
+    )
     args = p.parse_args()
+    if args.workers < 1:
+        raise SystemExit(f"--workers must be at least 1, got {args.workers}")
     if args.keep_freed_memory and not keep_freed_memory():
         raise SystemExit("--keep-freed-memory: not available here (glibc only; unset MALLOC_*_THRESHOLD_)")
     import ctranslate2
@@ -115,6 +131,8 @@ def main() -> None:
     # bf16 rows only where bfloat16 has a fast path (not on AVX2-only CPUs, where it is ~400x slower)
     bf16_ratio = bf16_speedup(n=256)
     with_bf16 = bf16_ratio >= BF16_USABLE
+    peaks = {"fp32": matmul_peak(torch.float32)} | ({"bf16": matmul_peak(torch.bfloat16)} if with_bf16 else {})
+    threads = torch.get_num_threads()
 
     with tempfile.TemporaryDirectory() as tmp:
         hf_dir, ct2_dir = Path(tmp) / "marian", Path(tmp) / "ct2"
@@ -157,8 +175,11 @@ def main() -> None:
             # A live CTranslate2 translator that has run slows PyTorch down by ~20% on this
             # machine (its thread pool), so each turn loads its own and drops it afterwards.
             translator = ctranslate2.Translator(
-                str(ct2_dir), device="cpu", compute_type=compute_type, intra_threads=torch.get_num_threads()
-            )
+                str(ct2_dir), device="cpu", compute_type=compute_type, inter_threads=args.workers,
+                intra_threads=max(1, threads // args.workers),
+            )  # fmt: skip
+            # its intra_threads also set PyTorch's thread count in this process (measured): undo that
+            torch.set_num_threads(threads)
 
             def go(batch, beam):
                 tokens = [[names[i] for i in x] for x in batch]
@@ -184,16 +205,16 @@ def main() -> None:
             for beam in (1, 5):
                 for name, setup in engines.items():
                     fn = setup()
-                    rate = timed(lambda batch, fn=fn, beam=beam: fn(batch, beam), data, args.batch)
+                    rate = timed(lambda batch, fn=fn, beam=beam: fn(batch, beam), data, args.batch, args.workers)
                     best[beam, name] = max(best.get((beam, name), 0.0), rate)
                     del fn
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
-    peaks = {"fp32": matmul_peak(torch.float32)} | ({"bf16": matmul_peak(torch.bfloat16)} if with_bf16 else {})
     src_tokens = sum(map(len, data)) / len(data)
     searches = {1: "greedy", 5: "beam 5"}
     print(
-        f"{args.sentences} sentences, batch {args.batch}, {OUT_LEN} output tokens each; sentences/s, best of "
+        f"{args.sentences} sentences, batch {args.batch}, {args.workers} batch(es) at a time, {OUT_LEN} output "
+        "tokens each; sentences/s, best of "
         f"{args.rounds} rounds (transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}, "
         f"torch {torch.__version__}; allocator: {'freed memory kept' if args.keep_freed_memory else 'defaults'})"
     )

@@ -6,14 +6,16 @@ import math
 import os
 import re
 import subprocess
+import threading
 
 import pytest
 import torch
 from conftest import ROOT, mt_cmd, train_args
 
+import mt.inference
 from mt.cli import main
 from mt.data import Split
-from mt.inference import Translator, decoding_dtype, load
+from mt.inference import Translator, decoding_dtype, decoding_workers, load
 from mt.inspect import alignment, force_decode, pharaoh, translate_with_attention
 from mt.metrics import bleu
 from mt.plotting import heatmap_grid, save_figure
@@ -38,6 +40,64 @@ def test_translations_are_good_and_beam_matches_batching(toy_model, toy_test):
     assert bleu(hyps, ref).score > 80
     one_by_one = [Translator(model, tok, beam=5).translate([s])[0] for s in src[:10]]
     assert one_by_one == hyps[:10]
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_workers_decode_batches_in_threads_with_the_same_output(toy_model, toy_test, monkeypatch, beam):
+    """Two workers: the batches run in two threads with one intra-op thread
+    each, the output is what one worker gives, in order (empty lines too),
+    and the process's thread count is what it was."""
+    model, tok, _ = toy_model
+    src = toy_test[0][:150]
+    src = src[:7] + [""] + src[7:]
+    seen = []
+    search = "greedy_search" if beam == 1 else "beam_search"
+    original = getattr(mt.inference, search)
+
+    def spy(*args, **kwargs):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return original(*args, **kwargs)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        one = Translator(model, tok, beam=beam, batch_size=16, workers=1).translate(src)
+        monkeypatch.setattr(mt.inference, search, spy)
+        two = Translator(model, tok, beam=beam, batch_size=16, workers=2).translate(src)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(threads)
+    assert two == one and one[7] == ""
+    assert len(seen) == math.ceil(sum(map(bool, src)) / 16) > 2  # one search per batch of 16
+    assert {n for n, _ in seen} <= {"mt-decode_0", "mt-decode_1"} and len({n for n, _ in seen}) == 2
+    assert {k for _, k in seen} == {1}
+
+
+def test_a_failing_worker_raises_and_restores_the_thread_count(toy_model, toy_test, monkeypatch):
+    model, tok, _ = toy_model
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("search failed")
+
+    monkeypatch.setattr(mt.inference, "greedy_search", broken)
+    threads = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="search failed"):
+        Translator(model, tok, beam=1, batch_size=4, workers=2).translate(toy_test[0][:20])
+    assert torch.get_num_threads() == threads
+
+
+def test_decoding_workers_default():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert decoding_workers(None, cpu) == 2
+        assert decoding_workers(None, gpu) == 1  # batches would only queue on one stream
+        assert decoding_workers(3, gpu) == 3  # as asked
+        torch.set_num_threads(1)
+        assert decoding_workers(None, cpu) == 1
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_decoding_dtype_and_bfloat16_translations(toy_model, toy_test):
@@ -144,6 +204,7 @@ def test_bad_search_options_are_named(toy_run, capsys):
     bad = [
         (["--beam", "0"], "--beam must be at least 1, got 0"),
         (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["--workers", "0"], "--workers must be at least 1, got 0"),
         (["--n-best", "6"], "--n-best must be"),
         (["--device", "tpu"], "--device tpu: not a device name"),
         (["--device", "meta"], "--device meta: mt decodes on cpu or cuda"),
@@ -245,6 +306,9 @@ def test_evaluate_writes_scores(toy_run, toy_test, tmp_path, capsys):
     assert scores["bleu"] > 80 and scores["paper_bleu"] > 80 and scores["chrf"] > 80
     assert scores["bleu_signature"].startswith("nrefs:1")
     assert scores["dtype"] in ("float32", "bfloat16")
+    assert scores["workers"] == (2 if torch.get_num_threads() >= 2 else 1)
+    seconds, rate = scores["decode_seconds"], scores["sentences_per_s"]  # rounded to 0.001 s and 0.1 /s
+    assert len(src) / (seconds + 5e-4) - 0.05 <= rate <= len(src) / max(seconds - 5e-4, 1e-9) + 0.05
     assert (toy_run / "eval" / "t.beam5.json").exists()
     hyp = (toy_run / "eval" / "t.beam5.hyp").read_text().splitlines()
     assert len(hyp) == len(src)
