@@ -1,12 +1,13 @@
 """Linear layers that run inference through oneDNN on x86 CPUs.
 
 On CPU, ``F.linear`` in float32 goes to the BLAS PyTorch ships with (MKL). On
-the AMD EPYC machines we develop on, oneDNN's float32 matrix products were
-1.3-2.3x faster at decoding shapes (64-960 rows, 256-8000 columns; see README,
-Benchmarks) and somewhat faster in bfloat16 too. PyTorch only exposes that path
-as a private operator without a backward, so it serves inference only: no
-gradient needed, no autocast, a CPU tensor in float32 or bfloat16. Everything
-else (training, CUDA, other CPUs) takes ``F.linear``. Results agree with
+the AMD EPYC machines with AVX-512 we develop on, oneDNN's float32 matrix
+products were 1.3-2.3x faster at decoding shapes (64-960 rows, 256-8000
+columns; see README, Benchmarks) and somewhat faster in bfloat16 too. PyTorch
+only exposes that path as a private operator without a backward, so it serves
+inference only: no gradient needed, no autocast, a CPU tensor in float32 or
+bfloat16. Everything else (training, CUDA, other CPUs) takes ``F.linear``, and
+so do small weights on AVX2-only CPUs (``SMALL_WEIGHT``). Results agree with
 ``F.linear`` to float rounding (tests).
 """
 
@@ -34,6 +35,18 @@ _ONEDNN_BF16 = (
 )
 
 
+#: Weights of at most this many entries take ``F.linear`` even where oneDNN
+#: applies. On an AVX2-only AMD EPYC, oneDNN's fixed cost per call (~27 us
+#: against ~5 us for ``F.linear``) outweighed its faster kernel for small
+#: weights: with the 128 x 128 to 256 x 128 products of the multi30k_cpu.yaml
+#: model on ``F.linear`` (its 128 x 8000 output projection still on oneDNN)
+#: that model decoded 1.16-1.23x as fast greedy and 1.05-1.11x with beam 5, the
+#: same output; the benchmark's d_model 256 model (256 x 256) neither gained
+#: nor lost (README, Decoding speed). On AVX-512 CPUs, where oneDNN was
+#: measured 1.3-2.3x faster at 256 columns and more, every product stays on it.
+SMALL_WEIGHT = 65536 if _ONEDNN and torch.backends.cpu.get_cpu_capability() == "AVX2" else 0
+
+
 def _onednn_dtype(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and _ONEDNN_BF16)
 
@@ -44,6 +57,7 @@ def _onednn_applies(x: Tensor, weight: Tensor) -> bool:
         and x.device.type == "cpu"
         and x.dtype == weight.dtype
         and _onednn_dtype(x.dtype)
+        and weight.numel() > SMALL_WEIGHT
         and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
         and not torch.is_autocast_enabled("cpu")
     )

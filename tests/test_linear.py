@@ -9,6 +9,24 @@ from mt import linear as lin
 from mt.linear import Linear, PackedWeight, StackedWeight, linear
 
 
+@pytest.fixture(autouse=True)
+def every_product_on_onednn(monkeypatch):
+    """These tests' small weights would take F.linear on AVX2-only CPUs
+    (``SMALL_WEIGHT``): send them to oneDNN, the path under test, everywhere."""
+    monkeypatch.setattr(lin, "SMALL_WEIGHT", 0)
+
+
+def test_small_weights_take_f_linear_where_so_configured(monkeypatch):
+    monkeypatch.setattr(lin, "SMALL_WEIGHT", 16 * 8)
+    torch.manual_seed(6)
+    small, large, x = Linear(16, 8).eval(), Linear(16, 9).eval(), torch.randn(4, 16)
+    with torch.no_grad():
+        for layer in (small, large):
+            torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+    assert small.packed.tensor is None  # never packed for oneDNN
+    assert (large.packed.tensor is not None) == lin._ONEDNN
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("relu", [False, True])
 def test_linear_matches_f_linear(dtype, relu):
