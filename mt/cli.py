@@ -130,7 +130,7 @@ def _add_decoding_options(p) -> None:
         type=int,
         default=None,
         help="batches decoded at once, each in its own thread with a share of the CPU threads (default: 2 on a "
-        "CPU with two or more threads, where it decoded 1.15-1.19x as fast on 2 cores; 1 on a GPU)",
+        "CPU with two or more threads, where it decoded 1.12-1.19x as fast on 2 cores; 1 on a GPU)",
     )
     p.add_argument(
         "--dtype",

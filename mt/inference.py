@@ -111,7 +111,7 @@ def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
 def decoding_workers(workers: int | None, device: torch.device) -> int:
     """How many batches to decode at once: ``workers``, or when None, 2 on
     a CPU with two or more threads and 1 elsewhere. On CPU, two batches in
-    two threads with half the intra-op threads each decoded 1.15-1.19x as
+    two threads with half the intra-op threads each decoded 1.12-1.19x as
     many sentences per second as one batch on both threads (2 cores, README,
     Decoding speed): one batch's Python and small operations run while the
     other's matrix products do, where a 64-row product gains little from a
