@@ -16,6 +16,12 @@ of the CPU threads, every engine alike: mt and HF through
 ``mt.inference.map_in_threads`` (what ``mt translate --workers`` runs),
 CTranslate2 with N ``inter_threads`` (its own workers) fed the same way.
 
+The "mt fp32 products alone" row replays the matrix products that mt's
+search made (every call of ``mt.linear.linear``, recorded once) with
+nothing in between: what mt would decode if its products were all it did.
+Where that row is below twice HF's rate, no trimming of the rest of mt's
+search reaches 2x HF on the machine at hand.
+
 By default the C allocator keeps its defaults, as in any Python program.
 ``--keep-freed-memory`` applies what ``mt translate`` and ``mt evaluate`` set
 (``mt.allocator``) to the whole process, for every engine alike.
@@ -72,6 +78,52 @@ def timed(fn, data: list[list[int]], batch: int, workers: int = 1) -> float:
     start = time.perf_counter()
     map_in_threads(fn, batches, workers)
     return len(data) / (time.perf_counter() - start)
+
+
+def record_products(fn, batches: list) -> list[list[tuple]]:
+    """Runs ``fn`` over ``batches`` once and returns, per batch, every matrix
+    product it ran through ``mt.linear.linear`` (weight, bias, input shape,
+    ReLU, packed weight), in order."""
+    import mt.linear
+    import mt.model
+
+    calls: list[tuple] = []
+    original = mt.linear.linear
+
+    def recording(x, weight, bias=None, relu=False, packed=None):
+        calls.append((weight, bias, tuple(x.shape), x.dtype, relu, packed))
+        return original(x, weight, bias, relu, packed)
+
+    per_batch = []
+    mt.linear.linear = mt.model.linear = recording  # every caller looks the name up at call time
+    try:
+        for batch in batches:
+            fn(batch)
+            per_batch.append(calls[:])
+            calls.clear()
+    finally:
+        mt.linear.linear = mt.model.linear = original
+    return per_batch
+
+
+def replay_products(per_batch: list[list[tuple]], workers: int = 1) -> float:
+    """Seconds to run the recorded products again with nothing in between
+    (on random inputs of the recorded shapes, one per shape): the time mt's
+    search would take if its matrix products were all it did."""
+    from mt.linear import linear
+
+    shapes = {(shape, dtype) for calls in per_batch for _, _, shape, dtype, _, _ in calls}
+    inputs = {(shape, dtype): torch.randn(shape, dtype=dtype) for shape, dtype in shapes}
+
+    @torch.inference_mode()  # as the search runs
+    def replay(calls):
+        for weight, bias, shape, dtype, relu, packed in calls:
+            linear(inputs[shape, dtype], weight, bias, relu, packed)
+
+    map_in_threads(replay, per_batch[:workers], workers)  # warm-up
+    start = time.perf_counter()
+    map_in_threads(replay, per_batch, workers)
+    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -200,6 +252,9 @@ def main() -> None:
         }
         if not with_bf16:
             del engines["mt bf16"], engines["HF bf16"]
+        batches = [data[i : i + args.batch] for i in range(0, len(data), args.batch)]
+        go_mt = run_mt(ours)
+        recorded = {beam: record_products(lambda batch, beam=beam: go_mt(batch, beam), batches) for beam in (1, 5)}
         best: dict[tuple[int, str], float] = {}
         for r in range(args.rounds):  # engines take turns; each keeps its best round
             for beam in (1, 5):
@@ -208,6 +263,8 @@ def main() -> None:
                     rate = timed(lambda batch, fn=fn, beam=beam: fn(batch, beam), data, args.batch, args.workers)
                     best[beam, name] = max(best.get((beam, name), 0.0), rate)
                     del fn
+                rate = len(data) / replay_products(recorded[beam], args.workers)
+                best[beam, "mt products"] = max(best.get((beam, "mt products"), 0.0), rate)
             print(f"round {r + 1}/{args.rounds} done", file=sys.stderr)
 
     src_tokens = sum(map(len, data)) / len(data)
@@ -221,6 +278,7 @@ def main() -> None:
     print(f"{'':<22}" + "".join(f"{searches[beam]:>9}" for beam in searches))
     for name in engines:
         print(f"{name:<22}" + "".join(f"{best[beam, name]:>9.0f}" for beam in searches))
+    print(f"{'mt fp32 products alone':<22}" + "".join(f"{best[beam, 'mt products']:>9.0f}" for beam in searches))
     for precision, peak in peaks.items():
         ceilings = (peak / flops_per_sentence(src_tokens, beam) for beam in searches)
         print(f"{precision + ' ceiling':<22}" + "".join(f"{c:>9.0f}" for c in ceilings))
@@ -234,6 +292,12 @@ def main() -> None:
         f"{'/'.join(peaks)} ceiling: sentences/s if every matrix product ran at the matmul peak measured here "
         f"({' / '.join(f'{peak / 1e9:.0f}' for peak in peaks.values())} GFLOP/s) and nothing else took time. "
         "mt bf16 keeps search scores in float32; CT2 int8 computes in int8."
+    )
+    print(
+        "mt fp32 products alone: sentences/s if mt fp32's matrix products (the calls its search made, recorded "
+        "and replayed with nothing in between) were all it did; 2x HF fp32 would need "
+        + " / ".join(f"{2 * best[beam, 'HF fp32']:.0f}" for beam in searches)
+        + "."
     )
     if not with_bf16:
         print(

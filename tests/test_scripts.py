@@ -1,12 +1,19 @@
-"""The helper scripts in scripts/ that read run directories."""
+"""The helper scripts in scripts/: those that read run directories, and the decoding benchmark's product replay."""
 
+import importlib.util
 import os
 import subprocess
 import sys
 
+import torch
 from conftest import ROOT, TOY, write_corpus
 
+import mt.linear
+import mt.model
+from mt.config import ModelConfig
 from mt.corpus import read_lines
+from mt.model import Transformer
+from mt.search import SearchSettings, greedy_search
 from mt.toy import toy_corpus
 
 HEADER = "epoch,grad_norm,lr-AdamW,step,tok_per_s,train_loss,val_bleu,val_loss,val_ppl\n"
@@ -84,3 +91,29 @@ def test_distill_trains_a_student_on_the_sources_paired_with_the_teachers_transl
     for bad in (command[:3] + ["+"] + command[3:], command[:2] + ["+"] + command[2:]):
         failed = subprocess.run(bad, env=env, capture_output=True, text=True)
         assert failed.returncode == 2 and "usage:" in failed.stderr
+
+
+def test_bench_decode_records_every_product_of_a_search_and_replays_them():
+    spec = importlib.util.spec_from_file_location("bench_decode", ROOT / "scripts" / "bench_decode.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    torch.manual_seed(0)
+    cfg = ModelConfig(d_model=32, n_heads=4, enc_layers=2, dec_layers=3, d_ff=64, dropout=0.0,
+                      src_vocab_size=50, tgt_vocab_size=50, pad_id=0)  # fmt: skip
+    model = Transformer(cfg).eval()
+    s = SearchSettings(2, 3, 0, max_len_a=0.0, max_len_b=6, min_len=6)  # exactly 6 steps
+    batches = [torch.randint(4, 50, (3, 5)), torch.randint(4, 50, (2, 7))]
+    before = [greedy_search(model, b, s) for b in batches]
+    original = mt.linear.linear
+    outputs = []
+    recorded = bench.record_products(lambda b: outputs.append(greedy_search(model, b, s)), batches)
+    assert mt.linear.linear is original and mt.model.linear is original  # restored
+    assert [[h.tokens for h in o] for o in outputs] == [[h.tokens for h in o] for o in before]
+    # encoder: stacked q/k/v, output, two FFN products per layer; decoder: the source's
+    # keys and values once per layer, then per step and layer stacked q/k/v, output,
+    # cross-attention query and output, two FFN products, and the output projection
+    per_batch = 2 * 4 + 3 * 2 + 6 * (3 * 6 + 1)
+    assert [len(calls) for calls in recorded] == [per_batch, per_batch]
+    assert [shape for _, _, shape, *_ in recorded[1][:1]] == [(2, 7, 32)]  # the encoder's rows first
+    assert recorded[0][-1][0] is model.output_weight and recorded[0][-1][2] == (3, 1, 32)
+    assert bench.replay_products(recorded) > 0
