@@ -160,7 +160,7 @@ class MultiHeadAttention(nn.Module):
             nn.init.xavier_uniform_(linear.weight)
             nn.init.zeros_(linear.bias)
         # inference: self-attention's three projections as one product (faster
-        # decoding steps, see README, Decoding speed); training keeps three
+        # decoding steps, see docs/results.md, Decoding speed); training keeps three
         self.w_qkv = StackedWeight()
 
     def split_heads(self, x: Tensor) -> Tensor:
@@ -173,7 +173,7 @@ class MultiHeadAttention(nn.Module):
 
     def use_fused(self, device: torch.device) -> bool:
         """The fused kernel where it is faster: on CUDA. On CPU, at translation
-        lengths, the explicit path measured faster (see README, Benchmarks)."""
+        lengths, the explicit path measured faster (see docs/results.md, Attention core)."""
         return self.impl == "fused" or (self.impl == "auto" and device.type == "cuda")
 
     def forward(

@@ -3,7 +3,7 @@
 On CPU, ``F.linear`` in float32 goes to the BLAS PyTorch ships with (MKL). On
 the AMD EPYC machines with AVX-512 we develop on, oneDNN's float32 matrix
 products were 1.3-2.3x faster at decoding shapes (64-960 rows, 256-8000
-columns; see README, Benchmarks) and somewhat faster in bfloat16 too. PyTorch
+columns; see docs/results.md, Decoding speed) and somewhat faster in bfloat16 too. PyTorch
 only exposes that path as a private operator without a backward, so it serves
 inference only: no gradient needed, no autocast, a CPU tensor in float32 or
 bfloat16. Everything else (training, CUDA, other CPUs) takes ``F.linear``, and
@@ -42,7 +42,7 @@ _ONEDNN_BF16 = (
 #: model on ``F.linear`` (its 128 x 8000 output projection still on oneDNN)
 #: that model decoded 1.16-1.23x as fast greedy and 1.05-1.11x with beam 5, the
 #: same output; the benchmark's d_model 256 model (256 x 256) neither gained
-#: nor lost (README, Decoding speed). On AVX-512 CPUs, where oneDNN was
+#: nor lost (docs/results.md, Decoding speed). On AVX-512 CPUs, where oneDNN was
 #: measured 1.3-2.3x faster at 256 columns and more, every product stays on it.
 SMALL_WEIGHT = 65536 if _ONEDNN and torch.backends.cpu.get_cpu_capability() == "AVX2" else 0
 

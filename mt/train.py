@@ -240,7 +240,7 @@ def resolve_precision(cfg: Config) -> str:
     32-true otherwise. Training steps follow the products: on the AMD EPYC
     machines this project trained on, bf16 products ran ~2x as fast (and
     more) and bf16-mixed trained ~2x as fast; on a Xeon with avx512_bf16 and
-    no AMX, 0.55x and 0.6x (README). A CPU run of several processes takes
+    no AMX, 0.55x and 0.6x (README, Using it). A CPU run of several processes takes
     32-true without measuring, so that all its ranks agree. The choice is
     printed and kept in the run's config.yaml; name the precision in the
     config to make a run independent of the machine.
