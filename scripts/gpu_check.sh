@@ -12,6 +12,11 @@
 #   bash scripts/gpu_check.sh --pack     # here, once: .device/ holds the corpus and the wheels it lacks
 #   bash scripts/gpu_check.sh            # there, with .device carried along
 #
+# On a GPU lent for a few minutes (this project's: at most 10 minutes a command), bound
+# the training so that the scores come back: GPU_CHECK_OVERRIDES=train.max_minutes=6
+# stops both trainings after 6 minutes (validation included), then averages and scores
+# what they reached; the summary's updates column says how far that was.
+#
 # GPU_CHECK_OVERRIDES="key=value ..." is passed to both trainings (e.g. train.lr=0.005);
 # GPU_CHECK_LANGS="de fr" picks the target languages; GPU_CHECK_REQUIRE_GPU=0
 # lets the script's plumbing be tried on a CPU with a few updates.
