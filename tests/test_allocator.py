@@ -12,8 +12,7 @@ import pytest
 
 # In a fresh process (the setting is process-wide): a beam search whose
 # per-step tensors are megabytes (64 sentences x 5 beams x 8,000 logits),
-# then the fewest minor page faults of three more searches (the fewest: the
-# host may reclaim idle memory now and then, which any one search can meet).
+# then the minor page faults of each of three more searches.
 PROBE = """
 import resource, sys, torch
 from mt.allocator import keep_freed_memory
@@ -34,20 +33,21 @@ if sys.argv[1] == "search":
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         beam_search(model, src, s, beam=5)
         faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
-    print(took, min(faults))
+    print(took, *faults)
 else:
-    print(took, -1)
+    print(took)
 """
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
 
 
-def _probe(what: str, **env: str) -> tuple[str, int]:
+def _probe(what: str, **env: str) -> tuple[str, list[int]]:
+    """Whether the process kept freed memory, and the page faults of its searches."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "MT_KEEP"))}
     out = subprocess.run(
         [sys.executable, "-c", PROBE, what], env=clean | env, capture_output=True, text=True, check=True
     ).stdout.split()
-    return out[0], int(out[1])
+    return out[0], [int(x) for x in out[1:]]
 
 
 @glibc
@@ -56,10 +56,15 @@ def test_beam_search_reuses_freed_memory():
     assert took == "True"
     kept_off, faults_off = _probe("search", MT_KEEP_FREED_MEMORY="0")
     assert kept_off == "False"
-    # glibc's defaults hand the megabyte blocks back and fault them in again
-    # (~7,000-9,000 faults a search here); kept, they are reused: next to none
-    assert faults_off > 1000
-    assert faults < faults_off / 20
+    # glibc's defaults hand the megabyte blocks back and fault them in again:
+    # ~5,000-9,000 faults a search here, though once (a CI run) only ~540 in
+    # the fewest of three, as glibc's adaptive thresholds allow. Kept, the
+    # blocks are reused: next to none (0-3 here). The fewest of the kept
+    # searches, since the host may reclaim idle memory now and then, which
+    # any one search can meet; the median of the others.
+    typical_off = sorted(faults_off)[1]
+    assert typical_off > 300
+    assert min(faults) < typical_off / 20
 
 
 @glibc
