@@ -114,6 +114,6 @@ def test_bench_decode_records_every_product_of_a_search_and_replays_them():
     # cross-attention query and output, two FFN products, and the output projection
     per_batch = 2 * 4 + 3 * 2 + 6 * (3 * 6 + 1)
     assert [len(calls) for calls in recorded] == [per_batch, per_batch]
-    assert [shape for _, _, shape, *_ in recorded[1][:1]] == [(2, 7, 32)]  # the encoder's rows first
+    assert recorded[1][0][2] == (2, 7, 32)  # the encoder's first product: all source rows
     assert recorded[0][-1][0] is model.output_weight and recorded[0][-1][2] == (3, 1, 32)
     assert bench.replay_products(recorded) > 0
