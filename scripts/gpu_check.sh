@@ -78,21 +78,25 @@ check() {  # target language, seed -> trains, evaluates, writes $out/<lang>-s<se
     cat "$run"/logs/version_*/metrics.csv > "$out/$name.metrics.csv"
 }
 status=0
-pids=()
+pids=() names=() ready=()
 for tgt in $langs; do  # each pair's data once, before its trainings
     mt prepare --config configs/multi30k_gpu.yaml "data.tgt_lang=$tgt" "${overrides[@]}" > "$out/$tgt.prepare.log" 2>&1 &
     pids+=($!)
 done
-for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-pids=() names=()
-for tgt in $langs; do
+i=0
+for tgt in $langs; do  # a pair whose data failed is reported as such, not trained
+    if wait "${pids[i]}"; then ready+=("$tgt"); else status=1 names+=("$tgt.prepare"); fi
+    i=$((i + 1))
+done
+pids=()
+for tgt in "${ready[@]}"; do
     for seed in $seeds; do
         check "$tgt" "$seed" > "$out/$tgt-s$seed.log" 2>&1 &
         pids+=($!) names+=("$tgt-s$seed")
     done
 done
 for pid in "${pids[@]}"; do wait "$pid" || status=1; done
-for tgt in $langs; do  # with several seeds, their ensemble too
+for tgt in "${ready[@]}"; do  # with several seeds, their ensemble too
     runs=()
     for seed in $seeds; do [ -f "$out/$tgt-s$seed.scores.json" ] && runs+=("runs/gpu_check_en-$tgt-s$seed"); done
     if [ ${#runs[@]} -gt 1 ]; then
