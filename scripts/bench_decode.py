@@ -39,6 +39,8 @@ from pathlib import Path
 
 import torch
 
+import mt.linear
+import mt.model
 from mt.allocator import keep_freed_memory
 from mt.config import ModelConfig
 from mt.inference import map_in_threads
@@ -84,9 +86,6 @@ def record_products(fn, batches: list) -> list[list[tuple]]:
     """Runs ``fn`` over ``batches`` once and returns, per batch, every matrix
     product it ran through ``mt.linear.linear`` (weight, bias, input shape,
     ReLU, packed weight), in order."""
-    import mt.linear
-    import mt.model
-
     calls: list[tuple] = []
     original = mt.linear.linear
 
@@ -110,15 +109,13 @@ def replay_products(per_batch: list[list[tuple]], workers: int = 1) -> float:
     """Seconds to run the recorded products again with nothing in between
     (on random inputs of the recorded shapes, one per shape): the time mt's
     search would take if its matrix products were all it did."""
-    from mt.linear import linear
-
     shapes = {(shape, dtype) for calls in per_batch for _, _, shape, dtype, _, _ in calls}
     inputs = {(shape, dtype): torch.randn(shape, dtype=dtype) for shape, dtype in shapes}
 
     @torch.inference_mode()  # as the search runs
     def replay(calls):
         for weight, bias, shape, dtype, relu, packed in calls:
-            linear(inputs[shape, dtype], weight, bias, relu, packed)
+            mt.linear.linear(inputs[shape, dtype], weight, bias, relu, packed)
 
     map_in_threads(replay, per_batch[:workers], workers)  # warm-up
     start = time.perf_counter()
