@@ -7,7 +7,7 @@ from pathlib import Path
 
 from mt.errors import MTError
 from mt.inference import load
-from mt.inspect import (
+from mt.inspection import (
     KINDS,
     AttentionMaps,
     alignment,

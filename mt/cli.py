@@ -27,7 +27,7 @@ def _add_prepare(sub) -> None:
 
 def _run_prepare(args) -> None:
     from mt.config import load_config
-    from mt.data import prepare
+    from mt.prepare import prepare
 
     cfg = load_config(args.config, args.overrides)
     if args.data_dir:
@@ -63,8 +63,8 @@ def _add_average(sub) -> None:
 def _run_average(args) -> None:
     from pathlib import Path
 
+    from mt.checkpoints import export_from_checkpoints
     from mt.config import load_config
-    from mt.train import export_from_checkpoints
 
     if args.last < 0:
         raise MTError(f"--last must be >= 0 (0 = the best checkpoint), got {args.last}")
@@ -162,8 +162,8 @@ def _translator(args):
     import torch
 
     from mt.allocator import keep_freed_memory
+    from mt.hardware import fast_bf16
     from mt.inference import Translator, decoding_dtype, load, load_ensemble
-    from mt.linear import fast_bf16
 
     _check_decoding_options(args)
     keep_freed_memory()  # a command that decodes and exits: reuse freed memory (mt/allocator.py)
@@ -256,52 +256,10 @@ def _add_evaluate(sub) -> None:
 
 
 def _run_evaluate(args) -> None:
-    import json
-    from pathlib import Path
+    from mt.evaluate import run
 
-    from mt.corpus import read_lines
-    from mt.evaluate import evaluate, find_paper_reference, split_texts, variant_suffix
-
-    translator, meta = _translator(args)
-    run_dir = Path(args.model[0])  # an ensemble's scores go with its first member
-    if args.split and not args.src:
-        sources, refs, data = split_texts(run_dir, args.split)
-        name = args.split
-    elif args.src and args.ref and not args.split:
-        sources, refs = read_lines(Path(args.src)), read_lines(Path(args.ref))
-        if len(sources) != len(refs):
-            raise MTError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
-        from mt.evaluate import run_config
-
-        data, name = run_config(run_dir).get("data", {}), Path(args.src).stem
-    else:
-        raise MTError("give either --split NAME or --src FILE --ref FILE")
-    paper_ref = None
-    if args.paper:
-        paper_ref = Path(args.paper_ref) if args.paper_ref else find_paper_reference(data, name)
-        if paper_ref is None:
-            raise MTError(f"--paper: no tokenized reference found for {name}; give --paper-ref FILE")
-    variant = variant_suffix(args.alpha, args.dtype, args.max_len_a, args.max_len_b, args.model[1:])
-    members = args.model if len(args.model) > 1 else []
-    scores = evaluate(translator, run_dir, sources, refs, name, data.get("tgt_lang", "de"), paper_ref, variant, members)
-    if args.json:
-        print(json.dumps(scores, indent=2))
-    else:
-        print(
-            f"{name}: BLEU {scores['bleu']}  chrF {scores['chrf']}  "
-            f"(beam {args.beam}, {scores['sentences']} sentences, {scores['dtype']}"
-            + (f", ensemble of {len(members)} models)" if members else ")")
-        )
-        print(
-            f"  decoded in {scores['decode_seconds']} s, {scores['sentences_per_s']} sentences/s, "
-            f"{scores['workers']} worker{'s' if scores['workers'] > 1 else ''}"
-        )
-        print(f"  {scores['bleu_detail']}")
-        print(f"  BLEU signature: {scores['bleu_signature']}")
-        print(f"  chrF signature: {scores['chrf_signature']}")
-        if "paper_bleu" in scores:
-            print(f"  paper-style BLEU: {scores['paper_bleu']}  ({scores['paper_bleu_detail']})")
-        print(f"  hypotheses and scores written to {run_dir / 'eval'}")
+    translator, _ = _translator(args)
+    run(args, translator)
 
 
 def _add_attention(sub) -> None:

@@ -13,7 +13,7 @@ import yaml
 
 from mt.config import DECODING, DataConfig
 from mt.corpus import ENV_DATA_DIR, read_lines
-from mt.errors import DataError
+from mt.errors import DataError, MTError
 from mt.inference import Translator
 from mt.metrics import paper_bleu, sacrebleu_scores
 from mt.textio import atomic_output
@@ -125,3 +125,46 @@ def evaluate(
     with atomic_output(out / f"{stem}.json") as f:
         json.dump(scores, f, indent=2)
     return scores
+
+
+def run(args, translator: Translator) -> None:
+    """``mt evaluate``: the test set named by ``--split`` or ``--src``/``--ref``, scored and reported."""
+    run_dir = Path(args.model[0])  # an ensemble's scores go with its first member
+    if args.split and not args.src:
+        sources, refs, data = split_texts(run_dir, args.split)
+        name = args.split
+    elif args.src and args.ref and not args.split:
+        sources, refs = read_lines(Path(args.src)), read_lines(Path(args.ref))
+        if len(sources) != len(refs):
+            raise MTError(f"{args.src} has {len(sources)} lines but {args.ref} has {len(refs)}")
+        data, name = run_config(run_dir).get("data", {}), Path(args.src).stem
+    else:
+        raise MTError("give either --split NAME or --src FILE --ref FILE")
+    paper_ref = None
+    if args.paper:
+        paper_ref = Path(args.paper_ref) if args.paper_ref else find_paper_reference(data, name)
+        if paper_ref is None:
+            raise MTError(f"--paper: no tokenized reference found for {name}; give --paper-ref FILE")
+    variant = variant_suffix(args.alpha, args.dtype, args.max_len_a, args.max_len_b, args.model[1:])
+    members = args.model if len(args.model) > 1 else []
+    scores = evaluate(translator, run_dir, sources, refs, name, data.get("tgt_lang", "de"), paper_ref, variant, members)
+    print(json.dumps(scores, indent=2) if args.json else report(scores, len(members), run_dir / "eval"))
+
+
+def report(scores: dict, members: int, where: Path) -> str:
+    """``evaluate``'s scores as ``mt evaluate`` prints them."""
+    ensemble = f", ensemble of {members} models" if members else ""
+    workers = scores["workers"]
+    lines = [
+        f"{scores['test_set']}: BLEU {scores['bleu']}  chrF {scores['chrf']}  "
+        f"(beam {scores['beam']}, {scores['sentences']} sentences, {scores['dtype']}{ensemble})",
+        f"  decoded in {scores['decode_seconds']} s, {scores['sentences_per_s']} sentences/s, "
+        f"{workers} worker{'s' if workers > 1 else ''}",
+        f"  {scores['bleu_detail']}",
+        f"  BLEU signature: {scores['bleu_signature']}",
+        f"  chrF signature: {scores['chrf_signature']}",
+    ]
+    if "paper_bleu" in scores:
+        lines.append(f"  paper-style BLEU: {scores['paper_bleu']}  ({scores['paper_bleu_detail']})")
+    lines.append(f"  hypotheses and scores written to {where}")
+    return "\n".join(lines)

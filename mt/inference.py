@@ -22,6 +22,7 @@ from safetensors.torch import load_model, save_model
 from mt.config import DECODING, ConfigError, ModelConfig
 from mt.ensemble import Ensemble
 from mt.errors import ModelDirError
+from mt.fastpath import speed_up
 from mt.model import Transformer
 from mt.search import SearchSettings, beam_search, greedy_search
 from mt.textio import publish
@@ -47,7 +48,8 @@ def export_model(model: Transformer, tokenizer_dir: Path, run_dir: Path, extra: 
 
 
 def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer, dict]:
-    """(model in eval mode, tokenizer, metadata) from a run directory, checked for consistency."""
+    """(model in eval mode, on decoding's fast path, tokenizer, metadata) from a run
+    directory, checked for consistency."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ModelDirError(f"{run_dir}: model directory does not exist")
@@ -70,7 +72,7 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Trans
         load_model(model, str(run_dir / WEIGHTS), device="cpu")
     except Exception as e:  # safetensors raises several types for truncated or mismatched files
         raise ModelDirError(f"{run_dir / WEIGHTS}: cannot load weights ({e})") from None
-    return model.to(device).eval(), tok, meta
+    return speed_up(model).to(device).eval(), tok, meta
 
 
 def _tokenizer_bytes(run_dir: Path) -> list[bytes] | None:

@@ -15,7 +15,6 @@ from torch import Tensor, nn
 
 from mt.attention import KV, MultiHeadAttention
 from mt.config import ModelConfig
-from mt.linear import Linear
 
 
 def sinusoidal_table(n_positions: int, d_model: int) -> Tensor:
@@ -69,20 +68,20 @@ class Dropout(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """w_2(dropout(activation(w_1 x))): (B, T, D) -> (B, T, D) through a (B, T, d_ff) hidden layer."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.w_1 = Linear(cfg.d_model, cfg.d_ff)
-        self.w_2 = Linear(cfg.d_ff, cfg.d_model)
-        self.relu = cfg.activation == "relu"
+        self.w_1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.w_2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.activation = F.relu if cfg.activation == "relu" else F.gelu
         self.dropout = Dropout(cfg.dropout if cfg.activation_dropout is None else cfg.activation_dropout)
         for layer in (self.w_1, self.w_2):
             nn.init.xavier_uniform_(layer.weight)
             nn.init.zeros_(layer.bias)
 
     def forward(self, x: Tensor) -> Tensor:
-        # ReLU is fused into the product where the oneDNN path applies
-        h = self.w_1(x, relu=True) if self.relu else F.gelu(self.w_1(x))
-        return self.w_2(self.dropout(h))  # (B, T, D)
+        return self.w_2(self.dropout(self.activation(self.w_1(x))))  # (B, T, D)
 
 
 class Sublayer(nn.Module):

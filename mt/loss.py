@@ -13,8 +13,14 @@ reduction="sum")``; the tests check it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from mt.data import Batch
+    from mt.model import Transformer
 
 
 def _smoothed_nll(logits: Tensor, y: Tensor, valid: Tensor, smoothing: float) -> tuple[Tensor, Tensor]:
@@ -160,3 +166,11 @@ def linear_rdrop_cross_entropy(
         alpha,
         chunk,
     )
+
+
+def token_loss(model: Transformer, batch: Batch, label_smoothing: float) -> tuple[Tensor, Tensor]:
+    """Summed token cross-entropy of ``model`` on ``batch`` (teacher forcing) over
+    non-pad targets, and the token count."""
+    states = model.hidden(batch.src, batch.tgt_in)  # (B, T_t, D)
+    loss = linear_cross_entropy(states, model.output_weight, batch.tgt_out, model.cfg.pad_id, label_smoothing)
+    return loss, batch.tgt_mask.sum()

@@ -11,11 +11,11 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mt.config import ModelConfig
 from mt.layers import DecoderLayer, Dropout, EncoderLayer, LayerCache, PositionalEncoding
-from mt.linear import PackedWeight, linear
 from mt.masks import causal_mask, padding_mask
 
 
@@ -34,12 +34,10 @@ class DecoderCache:
     """Keys/values of every decoder layer, for step-by-step decoding.
 
     Starts empty; each ``Transformer.decode`` call returns the grown cache.
-    ``reorder`` follows beam search's choice of hypotheses: the next step
-    copies the chosen rows while it appends its position (``KV.rows``), so
-    the cache is copied once per step, not twice. The source's keys/values
-    may have fewer rows than the target's (a source shared by its beams, see
-    grouped queries in ``mt.attention``): they are left as they are unless
-    ``source_index`` picks source rows too (to drop finished sentences).
+    ``reorder`` follows beam search's choice of hypotheses. The source's
+    keys/values may have fewer rows than the target's (a source shared by its
+    beams, see ``mt.attention.MultiHeadAttention``): they are left as they are
+    unless ``source_index`` picks source rows too (to drop finished sentences).
     """
 
     layers: list[LayerCache] = field(default_factory=list)
@@ -53,18 +51,21 @@ class DecoderCache:
 
     def reorder(self, index: Tensor, source_index: Tensor | None = None) -> DecoderCache:
         """index: the target rows to keep, in their new order; source_index:
-        the source rows to keep (default: all, unchanged). The target rows are
-        picked lazily: the next decoding step copies them while appending."""
+        the source rows to keep (default: all, unchanged)."""
 
         def pick(kv, rows):
             return kv if kv is None or rows is None else kv.select(rows)
 
-        def pick_now(kv, rows):
-            return kv if kv is None or rows is None else kv.select(rows).resolved()
+        return DecoderCache([LayerCache(pick(c.self_kv, index), pick(c.cross_kv, source_index)) for c in self.layers])
 
-        return DecoderCache(
-            [LayerCache(pick(c.self_kv, index), pick_now(c.cross_kv, source_index)) for c in self.layers]
-        )
+
+class OutputProjection(nn.Module):
+    """Decoder states (B, T_t, D) -> logits (B, T_t, V) through a weight (V, D)
+    that the model owns: the target embedding when tied. A module without
+    parameters of its own, so that decoding can swap in a faster product (``mt.fastpath``)."""
+
+    def forward(self, states: Tensor, weight: Tensor) -> Tensor:
+        return F.linear(states, weight)
 
 
 class DecoderOutput(NamedTuple):
@@ -101,7 +102,7 @@ class Transformer(nn.Module):
         if self.output is not None:
             nn.init.xavier_uniform_(self.output.weight)
         self.embed_scale = math.sqrt(d)
-        self.packed_output = PackedWeight()  # the output weight in oneDNN's layout, for decoding
+        self.project_out = OutputProjection()
 
     def num_parameters(self) -> int:
         """Trainable parameters, each shared tensor counted once."""
@@ -165,7 +166,7 @@ class Transformer(nn.Module):
 
     def project(self, states: Tensor) -> Tensor:
         """Decoder states (B, T_t, D) -> logits (B, T_t, V)."""
-        return linear(states, self.output_weight, packed=self.packed_output)
+        return self.project_out(states, self.output_weight)
 
     def hidden(self, src: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher forcing up to the output projection: (B, T_t, D). Training

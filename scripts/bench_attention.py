@@ -13,7 +13,7 @@ import time
 import torch
 
 from mt.attention import MultiHeadAttention
-from mt.linear import fast_bf16
+from mt.hardware import fast_bf16
 from mt.masks import causal_mask, lengths_mask
 
 

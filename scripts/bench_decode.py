@@ -17,7 +17,7 @@ of the CPU threads, every engine alike: mt and HF through
 CTranslate2 with N ``inter_threads`` (its own workers) fed the same way.
 
 The "mt fp32 products alone" row replays the matrix products that mt's
-search made (every call of ``mt.linear.linear``, recorded once) with
+search made (every call of ``mt.fastpath.linear``, recorded once) with
 nothing in between: what mt would decode if its products were all it did.
 Where that row is below twice HF's rate, no trimming of the rest of mt's
 search reaches 2x HF on the machine at hand.
@@ -39,12 +39,12 @@ from pathlib import Path
 
 import torch
 
-import mt.linear
-import mt.model
+import mt.fastpath
 from mt.allocator import keep_freed_memory
 from mt.config import ModelConfig
+from mt.fastpath import speed_up
+from mt.hardware import BF16_USABLE, bf16_speedup, matmul_peak
 from mt.inference import map_in_threads
-from mt.linear import BF16_USABLE, bf16_speedup, matmul_peak
 from mt.model import Transformer
 from mt.search import SearchSettings, beam_search, greedy_search
 
@@ -84,24 +84,24 @@ def timed(fn, data: list[list[int]], batch: int, workers: int = 1) -> float:
 
 def record_products(fn, batches: list) -> list[list[tuple]]:
     """Runs ``fn`` over ``batches`` once and returns, per batch, every matrix
-    product it ran through ``mt.linear.linear`` (weight, bias, input shape,
+    product it ran through ``mt.fastpath.linear`` (weight, bias, input shape,
     ReLU, packed weight), in order."""
     calls: list[tuple] = []
-    original = mt.linear.linear
+    original = mt.fastpath.linear
 
     def recording(x, weight, bias=None, relu=False, packed=None):
         calls.append((weight, bias, tuple(x.shape), x.dtype, relu, packed))
         return original(x, weight, bias, relu, packed)
 
     per_batch = []
-    mt.linear.linear = mt.model.linear = recording  # every caller looks the name up at call time
+    mt.fastpath.linear = recording  # every caller looks the name up at call time
     try:
         for batch in batches:
             fn(batch)
             per_batch.append(calls[:])
             calls.clear()
     finally:
-        mt.linear.linear = mt.model.linear = original
+        mt.fastpath.linear = original
     return per_batch
 
 
@@ -115,7 +115,7 @@ def replay_products(per_batch: list[list[tuple]], workers: int = 1) -> float:
     @torch.inference_mode()  # as the search runs
     def replay(calls):
         for weight, bias, shape, dtype, relu, packed in calls:
-            mt.linear.linear(inputs[shape, dtype], weight, bias, relu, packed)
+            mt.fastpath.linear(inputs[shape, dtype], weight, bias, relu, packed)
 
     map_in_threads(replay, per_batch[:workers], workers)  # warm-up
     start = time.perf_counter()
@@ -174,8 +174,9 @@ def main() -> None:
             tgt_vocab_size=V,
             pad_id=PAD,
         )  # fmt: skip
-    ).eval()
-    ours_bf16 = Transformer(ours.cfg).eval().to(torch.bfloat16)
+    )
+    ours = speed_up(ours).eval()  # as mt translate loads a model
+    ours_bf16 = speed_up(Transformer(ours.cfg)).eval().to(torch.bfloat16)
     ours_bf16.load_state_dict(ours.state_dict())
     # bf16 rows only where bfloat16 has a fast path (not on AVX2-only CPUs, where it is ~400x slower)
     bf16_ratio = bf16_speedup(n=256)

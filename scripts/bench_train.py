@@ -3,7 +3,7 @@ dimensions, on identical Multi30k-shaped batches, same loss (label-smoothed
 cross-entropy) and optimiser (AdamW), fp32 and bf16 autocast, side by side in
 one run. Prints target tokens/s, the ratio, FLOPs per step and MFU against a
 matmul peak measured in the same run (the faster of torch.mm and oneDNN, see
-mt.linear.matmul_peak).
+mt.hardware.matmul_peak).
 
     python scripts/bench_train.py [--steps 10] [--tokens 4096] [--prepared data/prepared/multi30k.en-de]
 """
@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from mt.config import ModelConfig
+from mt.hardware import BF16_USABLE, bf16_speedup, matmul_peak
 from mt.layers import sinusoidal_table
-from mt.linear import BF16_USABLE, bf16_speedup, matmul_peak
 from mt.loss import linear_cross_entropy
 from mt.model import Transformer
 

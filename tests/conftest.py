@@ -7,7 +7,7 @@ import pytest
 
 from mt.cli import main
 from mt.config import DataConfig, load_config
-from mt.data import prepare
+from mt.prepare import prepare
 from mt.toy import toy_corpus
 
 

@@ -4,7 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from mt.attention import KV, MultiHeadAttention, attention_stats, scaled_dot_product_attention
+from mt.attention import KV, MultiHeadAttention, scaled_dot_product_attention
+from mt.fastpath import speed_up
+from mt.inspection import attention_stats
 from mt.masks import causal_mask, lengths_mask, padding_mask
 
 
@@ -146,11 +148,11 @@ def test_projections_are_xavier_uniform_not_zero():
         assert w.std() > 0.5 * bound / math.sqrt(3)
 
 
-def test_inference_projects_self_attention_in_one_product():
-    """Without gradients self-attention stacks W_q, W_k, W_v into one product:
-    same outputs and keys/values as the three separate products training uses."""
+def test_fast_path_projects_self_attention_in_one_product():
+    """Without gradients, on the fast path, self-attention stacks W_q, W_k, W_v into
+    one product: same outputs and keys/values as the three separate products training uses."""
     torch.manual_seed(8)
-    mha = MultiHeadAttention(16, 2).eval()
+    mha = speed_up(MultiHeadAttention(16, 2)).eval()
     x = torch.randn(2, 4, 16)
     mask = padding_mask(torch.tensor([[1] * 4, [1] * 3 + [0]]), 0) & causal_mask(4)
     separate = mha(x, x, mask)
@@ -185,18 +187,22 @@ def test_cached_kv_appends_and_reuses():
     torch.testing.assert_close(again, full)
 
 
-def test_cache_grows_in_place_and_a_second_continuation_copies():
-    """Decoding steps write their keys/values into the room the cache left
-    (no copy of the whole cache per step); a second step from the same past
-    must not overwrite the first one's position."""
+def test_fast_path_cache_grows_in_place_and_a_second_continuation_copies():
+    """On the fast path, decoding steps write their keys/values into the room the
+    cache left (no copy of the whole cache per step); a second step from the same
+    past must not overwrite the first one's position."""
     torch.manual_seed(9)
-    mha = MultiHeadAttention(16, 2).eval()
+    mha = speed_up(MultiHeadAttention(16, 2)).eval()
     x, other = torch.randn(2, 6, 16), torch.randn(2, 1, 16)
     full = mha(x, x, causal_mask(6)).output
+
+    def step(new, past):  # decoder self-attention: the new position is both query and key/value
+        return mha(new, new, None, past=past)
+
     with torch.no_grad():
         past, stores = None, []
         for t in range(6):
-            res = mha(x[:, t : t + 1], x[:, t : t + 1], None, past=past)
+            res = step(x[:, t : t + 1], past)
             torch.testing.assert_close(res.output, full[:, t : t + 1], rtol=1e-5, atol=1e-5)
             past = res.kv
             stores.append(past.store)
@@ -204,22 +210,24 @@ def test_cache_grows_in_place_and_a_second_continuation_copies():
         assert past.k.data_ptr() == past.store.k.data_ptr() and past.k.size(2) == 6
         past = None
         for t in range(3):  # a cache of 3 positions (with room), then two different 4th positions from it
-            past = mha(x[:, t : t + 1], x[:, t : t + 1], None, past=past).kv
+            past = step(x[:, t : t + 1], past).kv
         assert past.store.k.size(2) > 3
-        a = mha(x[:, 3:4], x[:, 3:4], None, past=past)
-        b = mha(other, other, None, past=past)
+        a = step(x[:, 3:4], past)
+        b = step(other, past)
         assert a.kv.store is past.store and b.kv.store is not past.store  # b copied
         torch.testing.assert_close(a.kv.k[:, :, 3], mha(x, x, causal_mask(6)).kv.k[:, :, 3], rtol=1e-5, atol=1e-5)
         assert not torch.allclose(a.kv.k[:, :, 3], b.kv.k[:, :, 3])
-        again = mha(x[:, 4:5], x[:, 4:5], None, past=a.kv)  # a's cache is intact
+        again = step(x[:, 4:5], a.kv)  # a's cache is intact
         torch.testing.assert_close(again.output, full[:, 4:5], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("fast", [False, True])
 @pytest.mark.parametrize("impl", ["explicit", "fused"])
-def test_grouped_queries_equal_repeated_keys(impl):
+def test_grouped_queries_equal_repeated_keys(impl, fast):
     """B*G query rows against B key rows == each key row repeated G times."""
     torch.manual_seed(6)
     mha = MultiHeadAttention(16, 2, impl=impl).eval()
+    mha = speed_up(mha) if fast else mha
     g, memory = 3, torch.randn(2, 5, 16)
     mask = padding_mask(torch.tensor([[1] * 5, [1] * 2 + [0] * 3]), 0)  # (2, 1, 1, 5)
     queries = torch.randn(2 * g, 4, 16)

@@ -16,7 +16,7 @@ import mt.inference
 from mt.cli import main
 from mt.data import Split
 from mt.inference import Translator, decoding_dtype, decoding_workers, load
-from mt.inspect import alignment, force_decode, pharaoh, translate_with_attention
+from mt.inspection import alignment, force_decode, pharaoh, translate_with_attention
 from mt.metrics import bleu
 from mt.plotting import heatmap_grid, save_figure
 from mt.textio import atomic_output, new_file_mode
@@ -115,7 +115,7 @@ def test_decoding_dtype_and_bfloat16_translations(toy_model, toy_test):
 
 @pytest.mark.parametrize("slow", [True, False])
 def test_translate_warns_of_bfloat16_on_a_cpu_without_it(toy_run, toy_test, tmp_path, capsys, monkeypatch, slow):
-    monkeypatch.setattr("mt.linear.bf16_speedup", lambda n: 0.01 if slow else 1.5)
+    monkeypatch.setattr("mt.hardware.bf16_speedup", lambda n: 0.01 if slow else 1.5)
     (tmp_path / "in.txt").write_text("\n".join(toy_test[0][:3]) + "\n")
     assert main(["translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "--dtype", "bfloat16"]) == 0
     captured = capsys.readouterr()

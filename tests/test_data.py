@@ -13,8 +13,9 @@ from conftest import write_corpus
 
 from mt.cli import main
 from mt.config import ConfigError, DataConfig
-from mt.data import Split, TokenBatchSampler, TranslationDataModule, padding_waste, prepare
+from mt.data import Split, TokenBatchSampler, TranslationDataModule, padding_waste
 from mt.errors import DataError
+from mt.prepare import prepare
 from mt.tokenizer import MergeDropout, TextNormalizer, Tokenizer
 
 

@@ -1,12 +1,21 @@
+"""mt.fastpath: decoding's fast path gives what the textbook path gives."""
+
 import copy
 import pickle
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
-from mt import linear as lin
-from mt.linear import Linear, PackedWeight, StackedWeight, linear
+from mt import fastpath as lin
+from mt import hardware
+from mt.fastpath import PackedWeight, StackedWeight, linear, speed_up
+
+
+def Linear(*args, **kwargs) -> nn.Linear:
+    """An ``nn.Linear`` on the fast path (a ``PackedLinear``)."""
+    return speed_up(nn.Linear(*args, **kwargs))
 
 
 @pytest.fixture(autouse=True)
@@ -24,7 +33,7 @@ def test_small_weights_take_f_linear_where_so_configured(monkeypatch):
         for layer in (small, large):
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
     assert small.packed.tensor is None  # never packed for oneDNN
-    assert (large.packed.tensor is not None) == lin._ONEDNN
+    assert (large.packed.tensor is not None) == lin.ONEDNN
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -113,13 +122,13 @@ def test_onednn_switch_gives_the_same_result(monkeypatch):
 
 def test_bfloat16_takes_f_linear_where_onednn_has_no_bfloat16(monkeypatch):
     """AVX2-only CPUs: oneDNN cannot build bfloat16 products at all, so they go to F.linear."""
-    monkeypatch.setattr(lin, "_ONEDNN_BF16", False)
+    monkeypatch.setattr(lin, "ONEDNN_BF16", False)
     torch.manual_seed(2)
     x, layer = torch.randn(4, 16, dtype=torch.bfloat16), Linear(16, 8).to(torch.bfloat16).eval()
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
     assert layer.packed.tensor is None  # nothing was packed for oneDNN
-    assert lin.matmul_peak(torch.bfloat16, n=64, reps=1) > 0
+    assert hardware.matmul_peak(torch.bfloat16, n=64, reps=1) > 0
 
 
 @pytest.mark.parametrize(
@@ -133,7 +142,83 @@ def test_bf16_speedup_measures_large_products_only_where_bfloat16_is_fast(monkey
         seen.append(n)
         return bf16_flops if dtype == torch.bfloat16 else 100e9
 
-    monkeypatch.setattr(lin, "matmul_peak", peak)
-    assert lin.bf16_speedup(n) == bf16_flops / 100e9
+    monkeypatch.setattr(hardware, "matmul_peak", peak)
+    assert hardware.bf16_speedup(n) == bf16_flops / 100e9
     assert seen == sizes  # the quick 256 x 256 check (bfloat16 and float32) is never repeated
-    assert lin.fast_bf16() == (bf16_flops / 100e9 >= lin.BF16_USABLE)
+    assert hardware.fast_bf16() == (bf16_flops / 100e9 >= hardware.BF16_USABLE)
+
+
+def _model_pair(**kw):
+    """A plain Transformer and a copy of it on the fast path, same weights."""
+    from mt.config import ModelConfig
+    from mt.model import Transformer
+
+    torch.manual_seed(11)
+    base = dict(d_model=32, n_heads=4, enc_layers=2, dec_layers=2, d_ff=64, dropout=0.1, src_vocab_size=40,
+                tgt_vocab_size=40, pad_id=0)  # fmt: skip
+    plain = Transformer(ModelConfig(**(base | kw)))
+    fast = speed_up(copy.deepcopy(plain))
+    return plain, fast
+
+
+@pytest.mark.parametrize("variant", [{}, {"norm_first": False, "activation": "gelu", "tie_output": False,
+                                          "share_embeddings": False}])  # fmt: skip
+def test_speed_up_keeps_parameters_and_state_dict(variant):
+    plain, fast = _model_pair(**variant)
+    assert type(fast.decoder[0].self_attn) is lin.FastMultiHeadAttention
+    assert type(fast.encoder[0].ffn.w_1) is lin.PackedLinear
+    assert fast.state_dict().keys() == plain.state_dict().keys()
+    assert all(torch.equal(a, b) for a, b in zip(plain.state_dict().values(), fast.state_dict().values()))
+    params = list(fast.parameters())
+    assert speed_up(fast) is fast and list(fast.parameters()) == params  # a second call changes nothing
+
+
+def test_training_on_the_fast_path_is_the_textbook_computation():
+    """Where gradients are on, the fast path defers to the textbook one: same loss, same gradients, bit for bit."""
+    from mt.loss import linear_cross_entropy
+
+    plain, fast = _model_pair()
+    src, tgt = torch.randint(3, 40, (4, 7)), torch.randint(3, 40, (4, 6))
+    grads = []
+    for model in (plain, fast):
+        model.train()
+        torch.manual_seed(5)  # the same dropout masks
+        states = model.hidden(src, tgt[:, :-1])
+        loss = linear_cross_entropy(states, model.output_weight, tgt[:, 1:], 0, 0.1)
+        loss.backward()
+        grads.append((loss.detach(), [p.grad for p in model.parameters()]))
+    assert torch.equal(grads[0][0], grads[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(grads[0][1], grads[1][1]))
+
+
+def test_decoding_on_the_fast_path_equals_the_textbook_path():
+    from mt.model import DecoderCache
+    from mt.search import SearchSettings, beam_search, greedy_search
+
+    plain, fast = _model_pair(dropout=0.0)
+    with torch.no_grad():
+        plain.tgt_embed.weight.mul_(4.0)  # peaky distributions: searches end early, ties are rare
+        fast.tgt_embed.weight.mul_(4.0)
+    plain.eval(), fast.eval()
+    src = torch.randint(4, 40, (5, 9), generator=torch.Generator().manual_seed(1))
+    src[3, 6:] = 0
+    with torch.no_grad():
+        enc_p, enc_f = plain.encode(src), fast.encode(src)
+        torch.testing.assert_close(enc_f.memory, enc_p.memory, rtol=1e-5, atol=1e-5)
+        tgt = torch.randint(4, 40, (5, 4))
+        cache_p, cache_f = DecoderCache(), DecoderCache()
+        for t in range(4):  # step by step, with a reorder in the middle, as beam search does
+            out_p = plain.decode(tgt[:, t : t + 1], enc_p, cache_p)
+            out_f = fast.decode(tgt[:, t : t + 1], enc_f, cache_f)
+            torch.testing.assert_close(out_f.logits, out_p.logits, rtol=1e-5, atol=1e-5)
+            order = torch.tensor([4, 0, 2, 2, 1])
+            cache_p, cache_f = out_p.cache.reorder(order), out_f.cache.reorder(order)
+            tgt = tgt[order]
+        assert isinstance(cache_f.layers[0].self_kv, lin.GrowingKV)
+    s = SearchSettings(bos_id=1, eos_id=2, pad_id=0, max_len_a=1.0, max_len_b=5)
+    for search in (lambda m: greedy_search(m, src, s), lambda m: beam_search(m, src, s, beam=4, n_best=4)):
+        a, b = search(plain), search(fast)
+        flat_a = [h for x in a for h in (x if isinstance(x, list) else [x])]
+        flat_b = [h for x in b for h in (x if isinstance(x, list) else [x])]
+        assert [h.tokens for h in flat_a] == [h.tokens for h in flat_b]
+        assert [h.score for h in flat_a] == pytest.approx([h.score for h in flat_b], abs=1e-4)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from mt.attention import attention_stats
 from mt.masks import causal_mask
 from mt.model import DecoderCache, Transformer
 from mt.tokenizer import Tokenizer
@@ -92,6 +91,48 @@ def translate_with_attention(
         token = torch.tensor([[nxt]])
     cross = [torch.cat([s[layer] for s in steps], dim=1) for layer in range(len(steps[0]))]
     return out, cross
+
+
+def attention_stats(weights: Tensor, mask: Tensor | None = None, scores: Tensor | None = None) -> dict[str, Tensor]:
+    """Per-head debugging statistics of one attention layer.
+
+    weights: (B, H, T_q, T_k); mask as for attention; scores: the raw scaled
+    scores (B, H, T_q, T_k), optional. Returns a dict of (H,) tensors: mean
+    row entropy (nats), the same normalised by log(number of allowed keys)
+    (1 = uniform), mean row maximum, counts of NaN rows and all-zero rows and,
+    with scores, their min/max/mean over allowed keys. Means are over rows
+    that attend somewhere (normalised entropy: rows with two or more keys).
+    """
+    if mask is None:
+        mask = torch.ones_like(weights, dtype=torch.bool)
+    mask = mask.expand_as(weights)
+    heads = weights.size(1)
+
+    def per_head(x: Tensor) -> Tensor:
+        return x.transpose(0, 1).reshape(heads, -1)  # (B, H, ...) -> (H, N)
+
+    nan_rows = per_head(torch.isnan(weights).any(dim=-1))  # (H, B*T_q)
+    zero_rows = per_head((weights == 0).all(dim=-1))
+    live = (~(nan_rows | zero_rows)).float()
+    w = weights.float().nan_to_num(0.0)
+    entropy = per_head(-(w * torch.log(w.clamp_min(1e-30))).sum(-1))  # (H, B*T_q)
+    n_keys = per_head(mask.sum(-1)).float()
+    multi = live * (n_keys > 1).float()
+    norm_entropy = entropy / torch.log(n_keys.clamp_min(2))
+    stats = {
+        "entropy": (entropy * live).sum(-1) / live.sum(-1).clamp_min(1),
+        "norm_entropy": (norm_entropy * multi).sum(-1) / multi.sum(-1).clamp_min(1),
+        "weight_max": (per_head(w.amax(-1)) * live).sum(-1) / live.sum(-1).clamp_min(1),
+        "nan_rows": nan_rows.sum(-1),
+        "zero_rows": zero_rows.sum(-1),
+    }
+    if scores is not None:
+        allowed, s = per_head(mask), per_head(scores.float())
+        inf = torch.tensor(float("inf"))
+        stats["score_min"] = torch.where(allowed, s, inf).amin(-1)
+        stats["score_max"] = torch.where(allowed, s, -inf).amax(-1)
+        stats["score_mean"] = (s * allowed).sum(-1) / allowed.sum(-1).clamp_min(1)
+    return stats
 
 
 def head_table(maps: AttentionMaps, kind: str, eos_piece: str = "</s>") -> list[dict]:

@@ -1,0 +1,316 @@
+"""Decoding's fast path: the model's own computations, rearranged for speed.
+
+``speed_up(model)`` turns a plain ``Transformer`` (or an ensemble of them)
+into one that decodes faster and gives the same results to float rounding;
+its parameters and state dict stay as they are. ``mt.inference.load`` applies
+it to every model it loads, and training to the model it validates. Nothing
+changes where gradients are needed: training runs the textbook path.
+
+* Linear layers and the output projection run through oneDNN on x86 CPUs
+  with their weights packed once into oneDNN's blocked layout (10-25% faster
+  products than handing oneDNN the plain weight at every call), with ReLU
+  fused into the feed-forward product. Everything else (CUDA, other CPUs,
+  bfloat16 where oneDNN has none, small weights on AVX2-only CPUs) takes
+  ``F.linear``.
+* Self-attention projects Q, K and V in one product of stacked weights.
+* The decoder's key/value cache grows in place (room for more positions)
+  instead of being copied at every step, and beam search's reordering of it
+  is carried out by the next step's append, in one copy instead of two.
+
+What each of these gains, measured: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple, TypeVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from mt.attention import KV, MultiHeadAttention
+from mt.hardware import ONEDNN, ONEDNN_BF16
+from mt.layers import FeedForward
+from mt.model import OutputProjection
+
+use_onednn = ONEDNN  #: set to False to measure or rule out the oneDNN path
+
+#: Weights of at most this many entries take ``F.linear`` even where oneDNN
+#: applies: on AVX2-only CPUs oneDNN's fixed cost per call (~27 us against
+#: ~5 us for ``F.linear``) outweighs its faster kernel for small weights.
+SMALL_WEIGHT = 65536 if ONEDNN and torch.backends.cpu.get_cpu_capability() == "AVX2" else 0
+
+
+def _onednn_applies(x: Tensor, weight: Tensor) -> bool:
+    return (
+        use_onednn
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype
+        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and ONEDNN_BF16))
+        and weight.numel() > SMALL_WEIGHT
+        and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))
+        and not torch.is_autocast_enabled("cpu")
+    )
+
+
+def _version_key(tensors: list[Tensor]) -> tuple | None:
+    """What tells whether tensors changed since a cache was made from them:
+    storage, in-place version, dtype and shape. None for inference tensors,
+    which keep no version counter: nothing made from them may be cached."""
+    key = []
+    for t in tensors:  # a plain loop: this runs before every product of a decoding step
+        if t.is_inference():
+            return None
+        key.append((t.data_ptr(), t._version, t.dtype, t.shape))
+    return tuple(key)
+
+
+# Remaking a packed or stacked weight happens under this lock: decoding
+# threads (mt.inference.Translator's workers) share one model, and its first
+# batches would otherwise race to make them. Once made, reads take no lock.
+_REMAKE = threading.Lock()
+
+
+class PackedWeight:
+    """A weight reordered once into oneDNN's blocked layout, remade whenever
+    the weight changes (new storage, dtype or an in-place update). Not part
+    of any state dict; copies and pickles start empty."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.tensor: Tensor | None = None
+
+    def get(self, weight: Tensor, rows: int) -> Tensor:
+        key = _version_key([weight])
+        if key is None:
+            return weight
+        if key != self.key:
+            with _REMAKE:
+                if key != self.key:
+                    self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+                    self.key = key  # after the tensor: a reader that sees the key finds its tensor
+        return self.tensor
+
+    def __deepcopy__(self, memo) -> PackedWeight:
+        return PackedWeight()
+
+    def __getstate__(self) -> dict:
+        return {"key": None, "tensor": None}
+
+
+class StackedWeight:
+    """The weights and biases of several linear maps of the same input,
+    stacked into one (sum of D_out, D_in) matrix so that one product does the
+    work of several (self-attention's queries, keys and values). Remade
+    whenever a part changes, like ``PackedWeight``, and packed alongside.
+    Not part of any state dict; copies and pickles start empty."""
+
+    def __init__(self) -> None:
+        self.key: tuple | None = None
+        self.weight: Tensor | None = None
+        self.bias: Tensor | None = None
+        self.packed = PackedWeight()
+
+    def __call__(self, x: Tensor, parts: list[nn.Linear]) -> Tensor:
+        """x: (..., D_in) -> (..., sum of the parts' D_out), the parts' outputs side by side."""
+        key = _version_key([t for p in parts for t in (p.weight, p.bias) if t is not None])
+        if key is None:  # inference tensors: restacked at every call, nothing kept
+            weight, bias = _stack(parts)
+            return linear(x, weight, bias)
+        if key != self.key:
+            with _REMAKE:
+                if key != self.key:
+                    self.weight, self.bias = _stack(parts)
+                    self.key = key
+        return linear(x, self.weight, self.bias, packed=self.packed)
+
+    def __deepcopy__(self, memo) -> StackedWeight:
+        return StackedWeight()
+
+    def __getstate__(self) -> dict:
+        return StackedWeight().__dict__
+
+
+def _stack(parts: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+    """The parts' weights one above the other, and their biases (zeros for a
+    part without one; None if none has one)."""
+    # an ordinary tensor even under torch.inference_mode (as search runs),
+    # so that a packed copy can be keyed on its version counter
+    with torch.inference_mode(False):
+        weight = torch.cat([p.weight.detach() for p in parts])
+        biases = [p.weight.new_zeros(p.out_features) if p.bias is None else p.bias.detach() for p in parts]
+        return weight, torch.cat(biases) if any(p.bias is not None for p in parts) else None
+
+
+def linear(
+    x: Tensor, weight: Tensor, bias: Tensor | None = None, relu: bool = False, packed: PackedWeight | None = None
+) -> Tensor:
+    """``F.linear(x, weight, bias)``, followed by ReLU if ``relu``. x: (..., D_in) -> (..., D_out).
+    ``packed`` keeps the weight in oneDNN's layout between calls. Every product of the
+    fast path goes through here (``scripts/bench_decode.py`` counts them by replacing it)."""
+    if _onednn_applies(x, weight):
+        w = packed.get(weight, max(1, x.numel() // x.size(-1))) if packed is not None else weight
+        return torch.ops.mkldnn._linear_pointwise(x, w, bias, "relu" if relu else "none", [], "")
+    y = F.linear(x, weight, bias)
+    return F.relu(y) if relu else y
+
+
+class PackedLinear(nn.Linear):
+    """``nn.Linear`` through ``linear``, with its packed weight; ``relu=True`` fuses the activation."""
+
+    packed: PackedWeight
+
+    def adopt(self) -> None:
+        self.packed = PackedWeight()
+
+    def forward(self, x: Tensor, relu: bool = False) -> Tensor:
+        return linear(x, self.weight, self.bias, relu, self.packed)
+
+
+class FastFeedForward(FeedForward):
+    """The feed-forward block with ReLU fused into its first product."""
+
+    def adopt(self) -> None:
+        pass
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.activation is not F.relu:
+            return super().forward(x)
+        return self.w_2(self.dropout(self.w_1(x, relu=True)))  # (B, T, D)
+
+
+class PackedOutputProjection(OutputProjection):
+    """The output projection with its (V, D) weight packed."""
+
+    packed: PackedWeight
+
+    def adopt(self) -> None:
+        self.packed = PackedWeight()
+
+    def forward(self, states: Tensor, weight: Tensor) -> Tensor:
+        return linear(states, weight, packed=self.packed)
+
+
+class KVStore:
+    """Key and value buffers (B, H, capacity, D_h) with room to grow: a
+    cache's ``k`` and ``v`` are views of their first positions, so that the
+    next decoding step writes its position in place instead of copying the
+    whole cache as it appends. ``length`` is how many positions are claimed:
+    a second step from the same, shorter cache must not overwrite what the
+    first wrote, so it copies instead."""
+
+    __slots__ = ("k", "v", "length")
+
+    def __init__(self, k: Tensor, v: Tensor, length: int):
+        self.k, self.v, self.length = k, v, length
+
+
+class GrowingKV(NamedTuple):
+    """A self-attention cache, (B, H, T_k, D_h) keys and values, as ``KV`` but:
+
+    ``rows`` (R,), when set, is a reordering not yet carried out: the cache
+    stands for ``k[rows]`` and ``v[rows]``; the next step carries it out while
+    appending its position, in one copy of the cache instead of two (beam
+    search reorders the whole cache at every step). ``store``, when set,
+    holds ``k`` and ``v`` with room for more positions (``KVStore``).
+    """
+
+    k: Tensor
+    v: Tensor
+    rows: Tensor | None = None
+    store: KVStore | None = None
+
+    def select(self, rows: Tensor) -> GrowingKV:
+        """The cache of batch rows ``rows`` (in that order), picked lazily."""
+        return GrowingKV(self.k, self.v, rows if self.rows is None else self.rows[rows])
+
+    def resolved(self) -> KV | GrowingKV:
+        """The same cache with any pending reordering carried out."""
+        if self.rows is None:
+            return self
+        return KV(self.k.index_select(0, self.rows), self.v.index_select(0, self.rows))
+
+    def append(self, k: Tensor, v: Tensor) -> GrowingKV:
+        """``torch.cat([self.k[self.rows], k], dim=2)``, and the same for v:
+        (B_past, H, T, D_h), (B, H, T_new, D_h) -> (B, H, T + T_new, D_h).
+
+        Without gradients the result lies in a ``KVStore`` with room to grow: the
+        new positions are written in place where this cache has room and nothing
+        was appended to it yet; otherwise it is copied once into a new store: of
+        twice the length, or of just the length when ``rows`` reorders it on the way."""
+        t, n = self.k.size(2), k.size(2)
+        if torch.is_grad_enabled() and (self.k.requires_grad or k.requires_grad or v.requires_grad):
+            old = self.resolved()
+            return GrowingKV(torch.cat([old.k, k], dim=2), torch.cat([old.v, v], dim=2))  # out= has no backward
+        store = self.store
+        if self.rows is not None or store is None or store.length != t or t + n > store.k.size(2):
+            b, h, _, d = k.shape
+            # room only where the cache is not being reordered: beam search reorders
+            # (copies) it at every step anyway, and its attention runs faster on a
+            # cache without gaps
+            capacity = t + n if self.rows is not None else 2 * (t + n)
+            store = KVStore(k.new_empty(b, h, capacity, d), v.new_empty(b, h, capacity, v.size(3)), t)
+            for old, buf in ((self.k, store.k), (self.v, store.v)):
+                if self.rows is None:
+                    buf[:, :, :t] = old
+                else:
+                    torch.index_select(old, 0, self.rows, out=buf[:, :, :t])
+        store.k[:, :, t : t + n] = k
+        store.v[:, :, t : t + n] = v
+        store.length = t + n
+        return GrowingKV(store.k[:, :, : t + n], store.v[:, :, : t + n], None, store)
+
+
+class FastMultiHeadAttention(MultiHeadAttention):
+    """Multi-head attention with self-attention's three projections in one
+    product and a ``GrowingKV`` cache; the textbook projections wherever
+    gradients are on."""
+
+    w_qkv: StackedWeight
+
+    def adopt(self) -> None:
+        self.w_qkv = StackedWeight()
+
+    def project(self, query: Tensor, key_value: Tensor | None, past: KV | GrowingKV | None):
+        if torch.is_grad_enabled():
+            return super().project(query, key_value, past)
+        if key_value is None:  # cross-attention: the source's keys and values, projected at the first step
+            return self.split_heads(self.w_q(query)), past.resolved()
+        if key_value is query:  # self-attention
+            b, t, _ = query.shape
+            qkv = self.w_qkv(query, [self.w_q, self.w_k, self.w_v]).view(b, t, 3, self.n_heads, self.d_head)
+            q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))  # (B, H, T, D_h) each
+            if past is None:
+                return q, GrowingKV(k.contiguous(), v.contiguous())
+        else:
+            q = self.split_heads(self.w_q(query))
+            k = self.split_heads(self.w_k(key_value)).contiguous()  # (B, H, T_new, D_h)
+            v = self.split_heads(self.w_v(key_value)).contiguous()
+            if past is None:  # cross-attention's first step: a cache that never grows
+                return q, KV(k, v)
+        if not isinstance(past, GrowingKV):
+            past = GrowingKV(past.k, past.v)
+        return q, past.append(k, v)
+
+
+_FAST = {
+    nn.Linear: PackedLinear,
+    FeedForward: FastFeedForward,
+    MultiHeadAttention: FastMultiHeadAttention,
+    OutputProjection: PackedOutputProjection,
+}
+M = TypeVar("M", bound=nn.Module)
+
+
+def speed_up(model: M) -> M:
+    """Give every module of ``model`` that has one its fast-path version, in place,
+    and return the model. Each fast class subclasses the module's own class and adds
+    only caches, so parameters, buffers and the state dict stay as they are (the
+    class of each module is swapped, as ``torch.nn.utils.parametrize`` does)."""
+    for module in model.modules():
+        fast = _FAST.get(type(module))
+        if fast is not None:
+            module.__class__ = fast
+            module.adopt()
+    return model
