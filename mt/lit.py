@@ -46,6 +46,7 @@ class TranslationModule(L.LightningModule):
         self.val_refs = val_refs
         self.search = SearchSettings(tokenizer.bos_id, tokenizer.eos_id, tokenizer.pad_id)
         self._clock: float | None = None
+        self._started = time.perf_counter()
         self._pending_rng: torch.Tensor | None = None
         self._val_nll = self._val_tokens = 0.0
         self._val_hyps: dict[int, list[int]] = {}
@@ -64,6 +65,9 @@ class TranslationModule(L.LightningModule):
             first, second, self.model.output_weight, batch.tgt_out, self.tok.pad_id, t.label_smoothing, t.rdrop_alpha
         )
         return loss, 2 * batch.tgt_mask.sum(), kl
+
+    def on_train_start(self) -> None:
+        self._started = time.perf_counter()
 
     def on_train_batch_start(self, batch: Batch, batch_idx: int) -> None:
         if self._pending_rng is not None:  # resumed: continue the dropout stream where it stopped
@@ -108,6 +112,8 @@ class TranslationModule(L.LightningModule):
         nll = self._val_nll / max(self._val_tokens, 1.0)
         self.log("val_loss", nll, prog_bar=True)
         self.log("val_ppl", math.exp(min(nll, 50.0)))
+        # wall-clock minutes since this run (or this resumption) started, validations included
+        self.log("minutes", (time.perf_counter() - self._started) / 60)
         if self._val_hyps:
             hyps = self.tok.decode_tgt([self._val_hyps[i] for i in range(len(self.val_refs))])
             score = bleu(hyps, self.val_refs, lowercase=self.tok.lowercase).score
