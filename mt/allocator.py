@@ -5,12 +5,9 @@ Decoding allocates and frees the same large tensors at every step: logits
 copies of them. glibc's malloc hands blocks this large back to the operating
 system when they are freed (``munmap``, or trimming the top of the heap),
 so the next step gets fresh pages and pays a page fault for each 4 KiB of
-them: about 150,000 faults per 320 sentences of beam search on the decoding
-benchmark's d_model 256 model (scripts/bench_decode.py). Keeping
-freed memory for reuse (``mallopt``, as the environment variables
-``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` would) removes
-them; see docs/results.md, Decoding speed, for what that gains (mt's beam search
-8-15% there; nothing measurable for d_model 128). The process then holds
+them. Keeping freed memory for reuse (``mallopt``, as the environment
+variables ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` would)
+removes those faults (what that gains: docs/performance.md). The process then holds
 on to its peak memory until it exits, which suits a command that decodes and
 ends (``mt translate``, ``mt evaluate``); ``MT_KEEP_FREED_MEMORY=0`` leaves
 the allocator as it is.

@@ -129,16 +129,15 @@ def _add_decoding_options(p) -> None:
         "--workers",
         type=int,
         default=None,
-        help="batches decoded at once, each in its own thread with a share of the CPU threads (default: 2 on a "
-        "CPU with two or more threads, where it decoded 1.12-1.19x as fast on 2 cores; 1 on a GPU)",
+        help="batches decoded at once, each in its own thread with a share of the CPU threads, so that one "
+        "batch's Python overlaps the other's products (default: 2 on a CPU with two or more threads; 1 on a GPU)",
     )
     p.add_argument(
         "--dtype",
         choices=["auto", "float32", "bfloat16"],
         default=d.dtype,
         help="weights and activations while decoding: auto (default) = bfloat16 on GPUs that support it, "
-        "else float32. On CPUs with AVX512-BF16/AMX, bfloat16 pays for wide models (1.4x at d_model 256) "
-        "but not for small ones (0.8-0.95x at d_model 128); same BLEU in our tests. On AVX2-only CPUs it is "
+        "else float32. On CPUs with native bfloat16 it pays for wide models only; on AVX2-only CPUs it is "
         "hundreds of times slower (a warning says so). Search scores stay float32.",
     )
 

@@ -85,6 +85,7 @@ class ModelConfig:
 
 
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw/{split}.{lang}.gz"
+MULTI30K_TOK_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/tok/{split}.lc.norm.tok.{lang}"
 
 
 @dataclass
@@ -96,6 +97,8 @@ class DataConfig:
     local_dir: str | None = None  #: directory of <split>.<lang>[.gz] files (or env MT_DATA_DIR)
     url: str = MULTI30K_URL  #: download template with {split} and {lang}
     download_splits: list[str] = field(default_factory=lambda: ["train", "val", "test_2016_flickr"])
+    paper_ref_url: str | None = MULTI30K_TOK_URL  #: download template of tokenized references, for --paper BLEU
+    paper_ref_splits: list[str] = field(default_factory=lambda: ["test_2016_flickr"])  #: ... fetched where sha256 known
     checksums: str | None = None  #: sha256 file ("<sha256>  <file name>" lines); default: shipped with mt
     hf_name: str | None = None  #: a Hugging Face dataset with a translation column
     hf_config: str | None = None  #: its configuration name, e.g. de-en

@@ -2,7 +2,7 @@
 from a Hugging Face dataset, and check it on the way in.
 
 Every source yields ``{split: (source_lines, target_lines)}``. Nothing is
-dropped here: filtering belongs to ``mt.data`` and touches the training split
+dropped here: filtering belongs to ``mt.prepare`` and touches the training split
 only.
 """
 
@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import os
 import re
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -125,20 +126,35 @@ def download_file(url: str, dest: Path, sha256: str | None) -> None:
     os.replace(part, dest)
 
 
+def _fetch(url: str, directory: Path, sums: dict[str, str], required: bool) -> None:
+    """Download ``url`` into ``directory`` unless a file with its known sha256 is there.
+    A file whose sha256 is unknown is an error if ``required``, else skipped."""
+    dest = directory / Path(urllib.parse.urlparse(url).path).name
+    expected = sums.get(dest.name)
+    if expected is None:
+        if required:
+            raise DataError(f"no sha256 known for {dest.name}; add it to a checksum file and set data.checksums")
+        return
+    if dest.exists() and sha256_of(dest) == expected:
+        return
+    print(f"downloading {url}")
+    download_file(url, dest, expected)
+
+
 def download(cfg: DataConfig, raw_dir: Path) -> tuple[Splits, dict[str, list[Path]]]:
-    """Download ``data.download_splits`` for both languages into ``raw_dir``, verified."""
+    """Download ``data.download_splits`` for both languages into ``raw_dir``, verified.
+    Also the target side's tokenized references of ``data.paper_ref_splits``, where
+    their sha256 is known, into ``raw_dir/tok/`` (``mt evaluate --paper`` looks there);
+    those are optional, so a failure to fetch one is a warning."""
     sums = known_checksums(cfg)
     for split in cfg.download_splits:
         for lang in (cfg.src_lang, cfg.tgt_lang):
-            url = cfg.url.format(split=split, lang=lang)
-            dest = raw_dir / Path(urllib.parse.urlparse(url).path).name
-            expected = sums.get(dest.name)
-            if expected is None:
-                raise DataError(f"no sha256 known for {dest.name}; add it to a checksum file and set data.checksums")
-            if dest.exists() and sha256_of(dest) == expected:
-                continue
-            print(f"downloading {url}")
-            download_file(url, dest, expected)
+            _fetch(cfg.url.format(split=split, lang=lang), raw_dir, sums, required=True)
+    for split in cfg.paper_ref_splits if cfg.paper_ref_url else []:
+        try:
+            _fetch(cfg.paper_ref_url.format(split=split, lang=cfg.tgt_lang), raw_dir / "tok", sums, required=False)
+        except DataError as e:
+            print(f"mt: warning: no paper-style BLEU for {split}: {e}", file=sys.stderr)
     splits, files = read_local(raw_dir, cfg.src_lang, cfg.tgt_lang)
     return {k: v for k, v in splits.items() if k in cfg.download_splits}, files
 

@@ -62,12 +62,13 @@ def split_texts(run_dir: Path, split: str) -> tuple[list[str], list[str], dict]:
 
 
 def find_paper_reference(data: dict, split: str) -> Path | None:
-    """Multi30k's tokenized references: tok/<split>.lc.norm.tok.<lang> beside the raw/ directory."""
+    """Multi30k's tokenized references, tok/<split>.lc.norm.tok.<lang>: beside a local
+    corpus's raw/ directory, or where ``mt prepare`` downloaded them (data/raw/<corpus>/tok/)."""
+    name = f"{split}.lc.norm.tok.{data.get('tgt_lang')}"
     local = data.get("local_dir") or os.environ.get(ENV_DATA_DIR)
-    if not local:
-        return None
-    candidate = Path(local).parent / "tok" / f"{split}.lc.norm.tok.{data.get('tgt_lang')}"
-    return candidate if candidate.exists() else None
+    candidates = [Path(local).parent / "tok" / name] if local else []
+    candidates.append(Path("data/raw") / str(data.get("corpus")) / "tok" / name)
+    return next((c for c in candidates if c.is_file()), None)
 
 
 def variant_suffix(alpha: float, dtype: str, max_len_a: float, max_len_b: int, also: Sequence[str] = ()) -> str:

@@ -7,9 +7,8 @@ it to every model it loads, and training to the model it validates. Nothing
 changes where gradients are needed: training runs the textbook path.
 
 * Linear layers and the output projection run through oneDNN on x86 CPUs
-  with their weights packed once into oneDNN's blocked layout (10-25% faster
-  products than handing oneDNN the plain weight at every call), with ReLU
-  fused into the feed-forward product. Everything else (CUDA, other CPUs,
+  (faster than MKL's at decoding shapes) with their weights packed once into
+  oneDNN's blocked layout, and with ReLU fused into the feed-forward product. Everything else (CUDA, other CPUs,
   bfloat16 where oneDNN has none, small weights on AVX2-only CPUs) takes
   ``F.linear``.
 * Self-attention projects Q, K and V in one product of stacked weights.
@@ -37,8 +36,8 @@ from mt.model import OutputProjection
 use_onednn = ONEDNN  #: set to False to measure or rule out the oneDNN path
 
 #: Weights of at most this many entries take ``F.linear`` even where oneDNN
-#: applies: on AVX2-only CPUs oneDNN's fixed cost per call (~27 us against
-#: ~5 us for ``F.linear``) outweighs its faster kernel for small weights.
+#: applies: on AVX2-only CPUs oneDNN's fixed cost per call outweighs its
+#: faster kernel for small weights.
 SMALL_WEIGHT = 65536 if ONEDNN and torch.backends.cpu.get_cpu_capability() == "AVX2" else 0
 
 

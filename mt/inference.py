@@ -98,10 +98,8 @@ def load_ensemble(run_dirs: list[str | Path], device: str | torch.device = "cpu"
 
 def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
     """The dtype to decode in: ``float32``, ``bfloat16`` or ``auto`` =
-    bfloat16 on CUDA GPUs that support it, float32 elsewhere. On CPUs with
-    native bfloat16 (AVX512-BF16, AMX) ``bfloat16`` is worth trying for wide
-    models: 1.4x faster at d_model 256, but 0.8-0.95x at the d_model 128 of
-    multi30k_cpu.yaml, where float32 through oneDNN wins (docs/results.md, Decoding speed).
+    bfloat16 on CUDA GPUs that support it, float32 elsewhere (on CPUs with
+    native bfloat16, ``bfloat16`` pays for wide models only: docs/performance.md).
     Search scores stay float32 either way."""
     if name != "auto":
         return getattr(torch, name)
@@ -112,12 +110,10 @@ def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def decoding_workers(workers: int | None, device: torch.device) -> int:
     """How many batches to decode at once: ``workers``, or when None, 2 on
-    a CPU with two or more threads and 1 elsewhere. On CPU, two batches in
-    two threads with half the intra-op threads each decoded 1.12-1.19x as
-    many sentences per second as one batch on both threads (2 cores, docs/results.md,
-    Decoding speed): one batch's Python and small operations run while the
-    other's matrix products do, where a 64-row product gains little from a
-    second thread. On a GPU the batches would only queue on one stream."""
+    a CPU with two or more threads and 1 elsewhere. On a CPU one batch's
+    Python and small operations then run while the other's matrix products
+    do, where a 64-row product gains little from a second thread
+    (docs/performance.md); on a GPU the batches would only queue on one stream."""
     if workers is not None:
         return workers
     return 2 if device.type == "cpu" and torch.get_num_threads() >= 2 else 1

@@ -69,8 +69,7 @@ def top_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
     """``x.topk(k, dim=1)`` (values and indices, best first) for long rows.
 
     On CPU, ``topk`` and ``max`` with indices scan a row element by element,
-    while ``amax`` is vectorised: over a (64, 40,000) beam step topk took 4-5x
-    longer than this. The k best entries of a row lie in the k blocks of 64
+    while ``amax`` is vectorised (docs/performance.md). The k best entries of a row lie in the k blocks of 64
     with the largest maxima (a block outside them has k blocks above it, each
     holding an entry larger than any of its own), so only those k * 64
     entries are ranked. Ties may pick different (equal) entries than topk.

@@ -118,13 +118,11 @@ def resolve_precision(cfg: Config) -> str:
     """``train.precision``, with ``auto`` decided for this machine.
 
     On a CUDA GPU: bf16-mixed where the GPU supports it, else 16-mixed; on
-    Apple's MPS, 32-true. On a CPU the answer depends on the chip, so it is
-    measured: bf16-mixed where bfloat16 matrix products run ``BF16_MIN_SPEEDUP``
-    times as fast as float32 or faster (``bf16_speedup``, about a second),
-    32-true otherwise. Training steps follow the products: on the AMD EPYC
-    machines this project trained on, bf16 products ran ~2x as fast (and
-    more) and bf16-mixed trained ~2x as fast; on a Xeon with avx512_bf16 and
-    no AMX, 0.55x and 0.6x (README, Using it). A CPU run of several processes takes
+    Apple's MPS, 32-true. On a CPU the answer depends on the chip (training
+    steps follow the speed of its matrix products: docs/performance.md), so it
+    is measured: bf16-mixed where bfloat16 matrix products run
+    ``BF16_MIN_SPEEDUP`` times as fast as float32 or faster (``bf16_speedup``,
+    about a second), 32-true otherwise. A CPU run of several processes takes
     32-true without measuring, so that all its ranks agree. The choice is
     printed and kept in the run's config.yaml; name the precision in the
     config to make a run independent of the machine.

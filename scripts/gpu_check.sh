@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU recipe check (issue: Multi30k models that beat the published numbers):
+# The GPU recipe on a GPU (docs/gpu.md):
 # en->de and en->fr with configs/multi30k_gpu.yaml on one GPU, bf16. The
 # trainings run side by side on the same GPU (this 2.3M-parameter model keeps
 # a large GPU mostly idle, and each process needs a CPU core or a few of its own).
@@ -8,14 +8,13 @@
 #
 # A GPU machine that can install packages:
 #   MT_DATA_DIR=/path/to/multi30k/raw bash scripts/gpu_check.sh
-# An offline GPU machine that has its own PyTorch (this project's lent GPU):
-#   bash scripts/gpu_check.sh --pack     # here, once: .device/ holds the corpus and the wheels it lacks
-#   bash scripts/gpu_check.sh            # there, with .device carried along
+# An offline GPU machine that has its own PyTorch:
+#   bash experiments/pack_device.sh      # first, where there is a network: .device/ holds the corpus and wheels
+#   bash scripts/gpu_check.sh            # there, with .device beside the code
 #
-# On a GPU lent for a few minutes (this project's: at most 10 minutes a command), bound
-# the training so that the scores come back: GPU_CHECK_OVERRIDES=train.max_minutes=6
-# stops every training after 6 minutes (validation included), then averages and scores
-# what they reached; the summary's updates column says how far that was.
+# To bound the run, GPU_CHECK_OVERRIDES=train.max_minutes=6 stops every training after
+# 6 minutes (validation included), then averages and scores what they reached; the
+# summary's updates column says how far that was.
 #
 # GPU_CHECK_OVERRIDES="key=value ..." is passed to every training (e.g. train.lr=0.005);
 # GPU_CHECK_LANGS="de fr" picks the target languages; GPU_CHECK_SEEDS="1 2 3" trains each
@@ -24,22 +23,6 @@
 # lets the script's plumbing be tried on a CPU with a few updates.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-
-if [ "${1:-}" = "--pack" ]; then
-    src=${MT_DATA_DIR:-../shared/data/multi30k/raw}
-    rm -rf .device && mkdir -p .device/multi30k .device/wheels
-    cp -rL "$src" .device/multi30k/raw
-    cp -rL "$src/../tok" .device/multi30k/tok
-    # The lent machine's image (Python 3.12) has PyTorch, Lightning, sentencepiece, sacreBLEU
-    # and the libraries under datasets, but not datasets (with dill, multiprocess) nor sacremoses.
-    here=$(python3 -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-    for version in 3.12 "$here"; do
-        python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$version" -d .device/wheels \
-            "datasets==5.2.0" "dill==0.4.1" "multiprocess==0.70.19" "sacremoses==0.2.0"
-    done
-    du -sh .device
-    exit 0
-fi
 
 if [ -d .device ]; then  # offline: use the machine's python3 and its packages
     python3 -m pip install -q --no-index --no-deps --find-links .device/wheels datasets dill multiprocess sacremoses

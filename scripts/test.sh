@@ -4,6 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 . .venv/bin/activate
-ruff check mt tests scripts
-ruff format --check mt tests scripts
+ruff check mt tests scripts experiments
+ruff format --check mt tests scripts experiments
 python -m pytest -q "$@"

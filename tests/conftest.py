@@ -1,5 +1,9 @@
+import contextlib
 import csv
 import gzip
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -77,3 +81,26 @@ def toy_run(toy_data, tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("runs") / "toy"
     assert main(train_args(toy_data, run_dir)) == 0
     return run_dir
+
+
+def _default_signals() -> None:
+    """In a child, before exec: SIGINT at its default (a shell gives background jobs SIGINT ignored)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def run(args: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run`` for a child that may start children of its own: it runs in
+    a process group of its own with SIGINT at its default, and the whole group is
+    killed when it outlives ``timeout`` or when the test is interrupted."""
+    with subprocess.Popen(
+        args, start_new_session=True, preexec_fn=_default_signals, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, **kwargs,
+    ) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)

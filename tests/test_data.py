@@ -191,6 +191,41 @@ def test_download_verifies_checksums(tmp_path, monkeypatch, http_dir, corpus_spl
         prepare(cfg, verbose=False)
 
 
+def test_download_fetches_the_tokenized_references_for_paper_bleu(
+    tmp_path, monkeypatch, http_dir, corpus_splits, capsys
+):
+    """The downloaded corpus brings the tokenized test references that `mt evaluate --paper`
+    needs; a reference that cannot be fetched is a warning, not a failed prepare."""
+    from mt.evaluate import find_paper_reference
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MT_DATA_DIR", raising=False)
+    root, base = http_dir
+    write_corpus(root, corpus_splits, gz=True)
+    (root / "tok").mkdir()
+    (root / "tok" / "test_2016_flickr.lc.norm.tok.de").write_text("a tokenized reference .\n" * 30)
+    sums = tmp_path / "sums.sha256"
+    files = [p for p in root.rglob("*") if p.is_file()]
+    sums.write_text("".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in files))
+    cfg = DataConfig(
+        corpus="synth", source="download", url=base + "/{split}.{lang}.gz", checksums=str(sums),
+        paper_ref_url=base + "/tok/{split}.lc.norm.tok.{lang}", paper_ref_splits=["test_2016_flickr", "val"],
+        vocab_size=60, max_tokens=512, max_len=60,
+    )  # fmt: skip
+    prepare(cfg, verbose=False)
+    fetched = tmp_path / "data/raw/synth/tok/test_2016_flickr.lc.norm.tok.de"
+    assert fetched.read_bytes() == (root / "tok" / "test_2016_flickr.lc.norm.tok.de").read_bytes()
+    assert not (tmp_path / "data/raw/synth/tok/val.lc.norm.tok.de").exists()  # no sha256 known: skipped
+    assert find_paper_reference({"corpus": "synth", "tgt_lang": "de"}, "test_2016_flickr") == Path(
+        "data/raw/synth/tok/test_2016_flickr.lc.norm.tok.de"
+    )
+    fetched.unlink()
+    cfg.paper_ref_url = base + "/missing/{split}.lc.norm.tok.{lang}"
+    prepare(cfg, verbose=False)  # the corpus itself is all there: it goes on
+    assert "warning: no paper-style BLEU for test_2016_flickr" in capsys.readouterr().err
+    assert find_paper_reference({"corpus": "synth", "tgt_lang": "de"}, "test_2016_flickr") is None
+
+
 def test_hf_dataset_saved_to_disk(tmp_path, monkeypatch, corpus_splits):
     import datasets
 

@@ -34,7 +34,7 @@ def test_val_windows_averages_windows_and_reports_median_throughput(tmp_path):
     # resumed from the checkpoint at update 100: update 200 is logged again, and the later version wins
     write_metrics(run, 1, ["1,,,199,,,20.0,2,7\n", "2,,,249,2000.0,3,,,\n", "3,,,299,,,40.0,1,2\n"])
     out = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "val_windows.py"), str(run), "--window", "200"],
+        [sys.executable, str(ROOT / "experiments" / "val_windows.py"), str(run), "--window", "200"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     lines = out.splitlines()

@@ -2,7 +2,7 @@
 windows of updates: a steadier comparison than single validations; and
 each run's median training throughput (target tokens/s).
 
-    python scripts/val_windows.py runs/a runs/b [--window 500] [--upto N]
+    python experiments/val_windows.py runs/a runs/b [--window 500] [--upto N]
 
 Reads every ``logs/version_*/metrics.csv`` of each run directory (a resumed
 run has several); a validation logged at step ``s`` (0-based) belongs to

@@ -3,7 +3,7 @@
 # sentencepiece BPE vocabulary of each size, trained for the same wall-clock
 # budget; prints validation BLEU (greedy) and tokens/s at the end of each run.
 #
-#   bash scripts/vocab_sweep.sh [MINUTES] [SIZE ...]      (default: 10 minutes; 4000 8000 16000)
+#   bash experiments/vocab_sweep.sh [MINUTES] [SIZE ...]      (default: 10 minutes; 4000 8000 16000)
 #
 # VOCAB_SWEEP_OVERRIDES adds config overrides to every training, e.g.
 # VOCAB_SWEEP_OVERRIDES="train.lr=0.002" for the sweep in docs/results.md, made before
