@@ -7,6 +7,7 @@ Checkpoints are Lightning's (``checkpoints/step=N.ckpt``, ``best.ckpt``,
 
 from __future__ import annotations
 
+import pickle
 import sys
 import zipfile
 from collections.abc import Iterator
@@ -39,10 +40,29 @@ def check_checkpoint(path: Path) -> None:
         raise MTError(f"{path}: damaged checkpoint ({damaged} fails its CRC check)")
 
 
+def load_checkpoint(path: Path, map_location=None) -> dict:
+    """A checkpoint's contents, read as plain data only: every checkpoint ``mt``
+    reads (resuming, averaging, exporting) comes through here. ``weights_only=True``
+    is passed explicitly, so that no environment variable can turn it off, and a
+    file that holds anything else (code that unpickling would run) is refused
+    with an ``MTError`` naming it."""
+    check_checkpoint(path)
+    try:
+        return torch.load(path, map_location=map_location or "cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+        detail = next((line for line in lines if "GLOBAL" in line), lines[-1])
+        raise MTError(
+            f"{path}: refused: it holds more than tensors and plain data, and loading it could run code ({detail})"
+        ) from None
+
+
 def load_state_dict(path: Path) -> dict[str, torch.Tensor]:
     """The model weights of a Lightning checkpoint (no code is unpickled)."""
-    check_checkpoint(path)
-    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+    checkpoint = load_checkpoint(path)
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise MTError(f"{path}: not a Lightning checkpoint of mt (no state_dict)")
+    return checkpoint["state_dict"]
 
 
 def running_averages(paths: list[Path]) -> Iterator[dict[str, torch.Tensor]]:

@@ -15,7 +15,7 @@ import sys
 
 from mt import __version__
 from mt.config import DECODING
-from mt.errors import MTError
+from mt.errors import MTError, Stopped
 
 
 def _add_prepare(sub) -> None:
@@ -322,15 +322,24 @@ def main(argv: list[str] | None = None) -> int:
     except MTError as e:
         print(f"mt {args.command}: error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"mt {args.command}: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # stdout closed early, as by `mt translate ... | head`
         # Python flushes stdout once more at exit; point it at /dev/null so that fails quietly too
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 128 + signal.SIGPIPE
+    except OSError as e:  # what the machine refused: a full disk, a file that vanished, ...
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"mt {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except Stopped as e:
+        print(f"mt {args.command}: {e}", file=sys.stderr)
+        return e.status
+    except KeyboardInterrupt:
+        if argv is None:  # a program on its way out: a second Ctrl-C must not interrupt the exit
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"mt {args.command}: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 

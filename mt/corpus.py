@@ -16,6 +16,7 @@ import sys
 import urllib.error
 import urllib.parse
 import urllib.request
+import zlib
 from importlib import resources
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def read_lines(path: Path) -> list[str]:
         raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except FileNotFoundError:
         raise DataError(f"{path}: no such file") from None
-    except (OSError, EOFError) as e:
+    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a .gz damaged inside
         raise DataError(f"{path}: cannot read: {e}") from None
     try:
         text = raw.decode("utf-8")
@@ -216,8 +217,13 @@ def load_corpus(cfg: DataConfig, raw_dir: Path) -> tuple[Splits, str]:
         if not cfg.hf_name:
             raise DataError("data.source is hf but data.hf_name is not set")
         splits, files = load_hf(cfg), {}
-    if cfg.train_split not in splits:
-        raise DataError(f"no training split {cfg.train_split!r} in the corpus (found: {', '.join(sorted(splits))})")
+    for option, split in (("data.train_split", cfg.train_split), ("data.valid_split", cfg.valid_split)):
+        if split not in splits:
+            where = f" in {local_dir}" if source == "local" else ""
+            raise DataError(
+                f"no {split!r} split{where} ({option}): expected {split}.{cfg.src_lang} and {split}.{cfg.tgt_lang} "
+                f"(or .gz); found {', '.join(sorted(splits)) or 'none'}"
+            )
     h = hashlib.sha256()
     for name in sorted(splits):
         h.update(name.encode())

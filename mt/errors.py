@@ -13,3 +13,11 @@ class DataError(MTError):
 
 class ModelDirError(MTError):
     """A run/model directory is missing, incomplete or inconsistent."""
+
+
+class Stopped(Exception):
+    """A command stopped by a signal, after saying what it saved; ``status`` is the exit status."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status

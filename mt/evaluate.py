@@ -120,6 +120,10 @@ def evaluate(
         scores["paper_bleu"] = round(p.score, 2)
         scores["paper_bleu_detail"] = f"{p} (lowercased, Moses-normalised and -tokenized vs {paper_ref.name})"
     out = run_dir / "eval"
+    try:
+        out.mkdir(exist_ok=True)
+    except OSError as e:
+        raise DataError(f"{out}: cannot make the directory for the scores ({e.strerror})") from None
     stem = f"{name}.beam{translator.beam}{variant}"
     with atomic_output(out / f"{stem}.hyp") as f:
         f.writelines(h + "\n" for h in hyps)

@@ -21,6 +21,7 @@ from pathlib import Path
 from mt.config import DataConfig
 from mt.corpus import load_corpus
 from mt.data import TokenBatchSampler, padding_waste
+from mt.errors import DataError
 from mt.tokenizer import JOINT, SRC, TGT, TextNormalizer, Tokenizer, train_sentencepiece, write_text_config
 
 PREPARE_FORMAT = 3  # 2: source ids end with EOS; 3: the summary reports padding
@@ -39,6 +40,12 @@ def _fingerprint(cfg: DataConfig, corpus_fp: str) -> str:
 def _train_tokenizer(cfg: DataConfig, src: list[str], tgt: list[str], out: Path) -> Tokenizer:
     src = [s for s in TextNormalizer(cfg.text, cfg.src_lang).normalize(src) if s.strip()]
     tgt = [t for t in TextNormalizer(cfg.text, cfg.tgt_lang).normalize(tgt) if t.strip()]
+    if not src or not tgt:
+        side = cfg.src_lang if not src else cfg.tgt_lang
+        raise DataError(
+            f"training split {cfg.train_split!r}: every {side} line is empty ({cfg.train_split}.{side}); "
+            "no usable training pair is left"
+        )
     if cfg.joint_vocab:
         train_sentencepiece(src + tgt, out / JOINT.removesuffix(".model"), cfg.vocab_size, cfg.spm_model_type)
     else:
@@ -88,6 +95,24 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> dict:
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    try:
+        summary = _prepare_into(tmp, cfg, splits, fingerprint)
+    except BaseException:  # an error or Ctrl-C: nothing half-made is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    if verbose:
+        print(f"prepared {cfg.pair} into {out}")
+        print(format_summary(summary))
+    return summary
+
+
+def _prepare_into(tmp: Path, cfg: DataConfig, splits: dict, fingerprint: str) -> dict:
+    """Tokenizer, encoded splits and prepare.json into ``tmp``; returns the summary."""
+    import datasets
+
     train_src, train_tgt = splits[cfg.train_split]
     tok = _train_tokenizer(cfg, train_src, train_tgt, tmp)
 
@@ -108,20 +133,16 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> dict:
                     keep.append(i)
                 else:
                     dropped[reason] = dropped.get(reason, 0) + 1
+            if not keep:
+                reasons = ", ".join(f"{k}: {v}" for k, v in dropped.items())
+                raise DataError(f"training split {name!r}: no usable training pair is left ({reasons})")
             if len(keep) < len(ds):
                 ds = ds.select(keep)
         ds.save_to_disk(str(tmp / name))
         summary["splits"][name] = _split_stats(ds, tok.unk_id, dropped)
 
     summary["train_batches"] = _train_batches(tmp / cfg.train_split, cfg.max_tokens)
-    meta_path = tmp / "prepare.json"
-    meta_path.write_text(json.dumps({"fingerprint": fingerprint, "summary": summary}, indent=2))
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
-    if verbose:
-        print(f"prepared {cfg.pair} into {out}")
-        print(format_summary(summary))
+    (tmp / "prepare.json").write_text(json.dumps({"fingerprint": fingerprint, "summary": summary}, indent=2))
     return summary
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -21,14 +22,6 @@ def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
         except UnicodeDecodeError as e:
             raise DataError(f"{name}:{n}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
         yield text.rstrip("\n").rstrip("\r")
-
-
-def _file_in_the_way(path: Path) -> Path:
-    """The outermost ancestor of ``path`` that exists and is not a directory."""
-    for parent in reversed(path.parents):
-        if parent.exists() and not parent.is_dir():
-            return parent
-    return path.parent
 
 
 def new_file_mode() -> int:
@@ -56,17 +49,35 @@ def publish(tmp: str | Path, path: str | Path) -> None:
 
 @contextlib.contextmanager
 def atomic_output(path: str | Path, binary: bool = False) -> Iterator[IO]:
-    """Write to a temporary file beside ``path`` (UTF-8 text, or bytes with
-    ``binary``); rename it into place only if the block finishes. On any
-    error or Ctrl-C the partial file is removed."""
+    """Write ``path`` (UTF-8 text, or bytes with ``binary``) so that it appears only
+    once complete: into a temporary file beside it, renamed over it when the block
+    finishes; on any error or Ctrl-C the partial file is removed.
+
+    A symbolic link is written through: the file it points to is replaced (the
+    same way), the link stays. A FIFO or a character device (a pipe,
+    ``/dev/stdout``) is written directly, since nothing can be renamed over it.
+    Anything else that stands at ``path`` (a directory, a socket, a block device),
+    and a directory that does not exist, is a ``DataError`` naming the path."""
     path = Path(path)
-    if path.is_dir():  # found now, not when the rename at the end fails
-        raise DataError(f"{path}: is a directory, not an output file")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    except (FileExistsError, NotADirectoryError):
-        raise DataError(f"{path}: cannot write, {_file_in_the_way(path)} is not a directory") from None
+        kind = os.stat(path).st_mode  # through symbolic links
+    except FileNotFoundError:
+        kind = None
+    except OSError as e:
+        raise DataError(f"{path}: cannot write ({e.strerror})") from None
+    if kind is not None and (stat.S_ISFIFO(kind) or stat.S_ISCHR(kind)):
+        with _direct(path, binary) as f:
+            yield f
+        return
+    if kind is not None and not stat.S_ISREG(kind):
+        what = "a directory" if stat.S_ISDIR(kind) else "not a regular file, a pipe or a character device"
+        raise DataError(f"{path}: is {what}; give an output file")
+    target = Path(os.path.realpath(path))  # the file itself, where path is a symbolic link to it
+    if not target.parent.is_dir():
+        missing = "does not exist" if not target.parent.exists() else "is not a directory"
+        raise DataError(f"{path}: cannot write, {target.parent} {missing}")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial")
     except OSError as e:
         raise DataError(f"{path}: cannot write ({e.strerror})") from None
     try:
@@ -74,8 +85,19 @@ def atomic_output(path: str | Path, binary: bool = False) -> Iterator[IO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        publish(tmp, path)
+        publish(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+@contextlib.contextmanager
+def _direct(path: Path, binary: bool) -> Iterator[IO]:
+    """A pipe or a character device, written in place (there is no file to rename)."""
+    try:
+        f = open(path, "wb") if binary else open(path, "w", encoding="utf-8")  # noqa: SIM115
+    except OSError as e:
+        raise DataError(f"{path}: cannot write ({e.strerror})") from None
+    with f:
+        yield f

@@ -10,13 +10,23 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import sys
+import tempfile
+import threading
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # not on Windows: no run directory lock there
+    fcntl = None
 
 import lightning as L
 import torch
@@ -25,11 +35,12 @@ from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from mt.checkpoints import check_checkpoint, export_from_checkpoints, step_checkpoints
+from mt.checkpoints import check_checkpoint, export_from_checkpoints, load_checkpoint, step_checkpoints
 from mt.config import Config, ConfigError
 from mt.data import TranslationDataModule
-from mt.errors import MTError
+from mt.errors import MTError, Stopped
 from mt.hardware import bf16_speedup
 from mt.lit import TranslationModule
 
@@ -39,19 +50,27 @@ logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Checkpoints are written to a temporary file, synced, then renamed:
-    a kill at any moment leaves either the old file or the new one."""
+class SafeCheckpointIO(TorchCheckpointIO):
+    """Checkpoints are written to a temporary file of their own (``.NAME.*.partial``),
+    synced, then renamed: a kill at any moment leaves either the old file or the new
+    one. They are read as plain data only (``mt.checkpoints.load_checkpoint``)."""
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            torch.save(checkpoint, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                torch.save(checkpoint, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        return load_checkpoint(Path(path), map_location)
 
 
 class LinePrinter(Callback):
@@ -102,6 +121,8 @@ class LastStepCheckpoints(ModelCheckpoint):
 
 
 def check_writable(run_dir: Path) -> None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise MTError(f"train.run_dir {run_dir}: is a file, not a directory")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         probe = run_dir / ".write-test"
@@ -109,6 +130,68 @@ def check_writable(run_dir: Path) -> None:
         probe.unlink()
     except OSError as e:
         raise MTError(f"run directory {run_dir} is not writable ({e.strerror}); set train.run_dir") from None
+
+
+@contextlib.contextmanager
+def run_dir_lock(run_dir: Path) -> Iterator[bool]:
+    """Hold ``run_dir/.lock`` while training: a second ``mt train`` of the same run
+    directory stops at once, naming the process that holds it. The lock is the
+    operating system's (``flock``): it dies with its holder, so a crashed or killed
+    run never blocks the next. Only the first process of a distributed run takes it."""
+    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) != 0:
+        yield False  # another process of this run holds it
+        return
+    if fcntl is None:
+        yield True
+        return
+    path = run_dir / ".lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise MTError(
+                f"run directory {run_dir} is in use by another mt train (process {holder}); "
+                "wait for it to finish or set another train.run_dir"
+            ) from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")
+        f.flush()
+        try:
+            yield True
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def resume_point(run_dir: Path) -> Path | None:
+    """The checkpoint a rerun of the same command resumes from: ``last.ckpt``, else the
+    newest ``step=N.ckpt`` (an interrupt can land between the two), else ``best.ckpt``."""
+    ckpt_dir = run_dir / "checkpoints"
+    candidates = [ckpt_dir / "last.ckpt", *reversed(step_checkpoints(ckpt_dir)), ckpt_dir / "best.ckpt"]
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def remove_partial_checkpoints(run_dir: Path) -> None:
+    """Temporary checkpoint files a killed run left behind (under the run's lock, none is in use)."""
+    for partial in [*(run_dir / "checkpoints").glob(".*.partial"), *(run_dir / "checkpoints").glob("*.ckpt.tmp")]:
+        partial.unlink(missing_ok=True)
+
+
+class _InterruptOnce:
+    """The SIGINT handler while training: the first SIGINT stops the run as Ctrl-C
+    does (KeyboardInterrupt); the ones after it are ignored while the run winds down,
+    also where Lightning's teardown puts this handler back in place."""
+
+    def __init__(self) -> None:
+        self.fired = False
+
+    def __call__(self, signum, frame) -> None:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        if not self.fired:
+            self.fired = True
+            raise KeyboardInterrupt
 
 
 BF16_MIN_SPEEDUP = 1.25  #: how much faster bfloat16 products must run for ``auto`` to pick bf16-mixed on a CPU
@@ -146,16 +229,43 @@ def resolve_precision(cfg: Config) -> str:
 
 
 def train(cfg: Config) -> Path:
+    """Train ``cfg`` into its run directory (holding the directory's lock) and
+    write the inference model. Resumes from the run's checkpoints, if any.
+
+    Ctrl-C (SIGINT) stops the run gracefully, with a hint on how to resume; a
+    second one while it winds down is ignored. A process started with SIGINT
+    ignored (``nohup``, a background job of a non-interactive shell) keeps it
+    ignored, as POSIX programs do: stop such a run with SIGTERM or SIGKILL."""
+    run_dir = Path(cfg.train.run_dir)
+    # everything the run needs is checked before the run directory is touched
+    dm = TranslationDataModule(cfg.data, seed=cfg.train.seed)  # fails clearly if not prepared
+    dm.setup("fit")
+    check_writable(run_dir)
+    handler = signal.getsignal(signal.SIGINT)
+    take_sigint = handler is signal.default_int_handler and threading.current_thread() is threading.main_thread()
+    if take_sigint:
+        signal.signal(signal.SIGINT, _InterruptOnce())
+    interrupted = False
+    try:
+        with run_dir_lock(run_dir) as owner:
+            if owner:
+                remove_partial_checkpoints(run_dir)
+            return _train(cfg, dm, run_dir)
+    except (KeyboardInterrupt, Stopped):
+        interrupted = True
+        raise
+    finally:
+        if take_sigint and not interrupted:  # after an interrupt, further ones stay ignored until exit
+            signal.signal(signal.SIGINT, handler)
+
+
+def _train(cfg: Config, dm: TranslationDataModule, run_dir: Path) -> Path:
     t = cfg.train
-    run_dir = Path(t.run_dir)
-    dm = TranslationDataModule(cfg.data, seed=t.seed)  # fails clearly if not prepared
     tok = dm.tokenizer
     cfg.model.src_vocab_size, cfg.model.tgt_vocab_size, cfg.model.pad_id = len(tok.src), len(tok.tgt), tok.pad_id
     cfg.model.__post_init__()  # validate what the tokenizer decided (e.g. shared embeddings need a joint vocab)
-    check_writable(run_dir)
     cfg.train.precision = resolve_precision(cfg)  # before config.yaml records it
-    last = run_dir / "checkpoints" / "last.ckpt"
-    resume = last if last.exists() else None
+    resume = resume_point(run_dir)
     if resume:
         try:
             check_checkpoint(resume)
@@ -172,7 +282,6 @@ def train(cfg: Config) -> Path:
     # trained on (its state_dict), which Lightning cannot see: its warning does not apply.
     warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch ended")
     L.seed_everything(t.seed, workers=True, verbose=False)
-    dm.setup("fit")
     module = TranslationModule(cfg, tok, dm.split(cfg.data.valid_split).tgt_text)
     print(f"model: {module.model.num_parameters():,} parameters")
     monitor, mode = ("val_bleu", "max") if t.val_bleu else ("val_loss", "min")
@@ -216,7 +325,7 @@ def train(cfg: Config) -> Path:
         accumulate_grad_batches=t.accumulate_grad_batches,
         logger=CSVLogger(run_dir, name="logs"),  # logs/version_N/metrics.csv, a new N for each (resumed) run
         callbacks=callbacks,
-        plugins=[AtomicCheckpointIO()],
+        plugins=[SafeCheckpointIO()],
         use_distributed_sampler=False,  # TokenBatchSampler shards by rank itself
         num_sanity_val_steps=0,
         log_every_n_steps=t.log_every_steps,
@@ -233,13 +342,18 @@ def train(cfg: Config) -> Path:
     start = time.perf_counter()
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=resume)
+    except SIGTERMException:  # Lightning stops at the next update and tears down, then raises this
+        point = resume_point(run_dir)
+        hint = f"rerun the same command to resume from {point}" if point else "no checkpoint yet: a rerun starts over"
+        raise Stopped(f"stopped by SIGTERM at update {trainer.global_step}; {hint}", 128 + signal.SIGTERM) from None
     except SystemExit:
         # Lightning answers Ctrl-C with a graceful shutdown and sys.exit(1): report the interrupt as one
-        # (the CLI exits 130) and say how to go on; the checkpoints on disk are complete (AtomicCheckpointIO)
+        # (the CLI exits 130) and say how to go on; the checkpoints on disk are complete (SafeCheckpointIO)
         if not trainer.interrupted:
             raise
-        hint = f"; rerun the same command to resume from {last}" if last.exists() else ""
-        print(f"training interrupted at update {trainer.global_step}{hint}", file=sys.stderr)
+        point = resume_point(run_dir)
+        hint = f"rerun the same command to resume from {point}" if point else "no checkpoint yet: a rerun starts over"
+        print(f"training interrupted at update {trainer.global_step}; {hint}", file=sys.stderr)
         raise KeyboardInterrupt from None
     minutes = (time.perf_counter() - start) / 60
     if trainer.is_global_zero:

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,19 +89,65 @@ def _default_signals() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def run(args: list[str], timeout: float, **kwargs) -> subprocess.CompletedProcess:
-    """``subprocess.run`` for a child that may start children of its own: it runs in
-    a process group of its own with SIGINT at its default, and the whole group is
-    killed when it outlives ``timeout`` or when the test is interrupted."""
+def _sigint_ignored() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.fixture
+def children():
+    """``spawn(args, **popen_kwargs)`` for a test that starts processes: each runs in a
+    process group of its own, with SIGINT at its default (``sigint_ignored=True``: as
+    a shell's background job gets it), ``PYTHONPATH`` set to this tree; whatever still
+    runs when the test ends, passed or failed, is killed with its group."""
+    procs: list[subprocess.Popen] = []
+
+    def spawn(args: list[str], sigint_ignored: bool = False, **kwargs) -> subprocess.Popen:
+        kwargs.setdefault("env", os.environ | {"PYTHONPATH": str(ROOT)})
+        preexec = _sigint_ignored if sigint_ignored else _default_signals
+        proc = subprocess.Popen(args, start_new_session=True, preexec_fn=preexec, **kwargs)
+        procs.append(proc)
+        return proc
+
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def wait_for(condition, proc: subprocess.Popen, what: str, timeout: float = 600) -> None:
+    """Poll ``condition`` until it holds; fail at once if ``proc`` exits first, or after
+    ``timeout`` seconds (generous: a busy machine can be many times slower than a quiet one)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if proc.poll() is not None:
+            raise AssertionError(f"the process exited ({proc.returncode}) before {what}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {what} after {timeout} s")
+        time.sleep(0.05)
+
+
+def run_command(args: list[str], timeout: float = 1200, check: bool = False, **kwargs) -> subprocess.CompletedProcess:
+    """``subprocess.run(..., capture_output=True, text=True)`` for a child that may start
+    children of its own: it runs in a process group of its own with SIGINT at its
+    default, and the whole group is killed when it outlives ``timeout`` (generous: for
+    a hung child, not a slow machine) or when the test is interrupted. ``check``: a
+    non-zero exit fails the test, with the child's stderr."""
+    given = kwargs.pop("input", None)
+    if given is not None:
+        kwargs["stdin"] = subprocess.PIPE
     with subprocess.Popen(
         args, start_new_session=True, preexec_fn=_default_signals, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         text=True, **kwargs,
     ) as proc:  # fmt: skip
         try:
-            out, err = proc.communicate(timeout=timeout)
+            out, err = proc.communicate(given, timeout=timeout)
         except BaseException:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
+    if check and proc.returncode:
+        raise AssertionError(f"{args} exited {proc.returncode}:\n{err}")
     return subprocess.CompletedProcess(args, proc.returncode, out, err)

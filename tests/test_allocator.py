@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
 import sys
 
 import pytest
+from conftest import run_command
 
 # In a fresh process (the setting is process-wide): a beam search whose
 # per-step tensors are megabytes (64 sentences x 5 beams x 8,000 logits),
@@ -44,9 +44,7 @@ glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only
 def _probe(what: str, **env: str) -> tuple[str, list[int]]:
     """Whether the process kept freed memory, and the page faults of its searches."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "MT_KEEP"))}
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, what], env=clean | env, capture_output=True, text=True, check=True
-    ).stdout.split()
+    out = run_command([sys.executable, "-c", PROBE, what], env=clean | env, check=True).stdout.split()
     return out[0], [int(x) for x in out[1:]]
 
 

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 import torch
-from conftest import ROOT, mt_cmd, train_args
+from conftest import ROOT, mt_cmd, run_command, train_args
 
 import mt.inference
 from mt.cli import main
@@ -149,23 +149,22 @@ def test_translate_cli_one_line_per_line(toy_run, toy_model, toy_test, tmp_path,
 def test_translate_stdin_to_stdout(toy_run, toy_test):
     src = toy_test[0][:3]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    res = subprocess.run(
+    res = run_command(
         mt_cmd("translate", "--model", str(toy_run), "--beam", "1", "--scores"),
-        input="\n".join(src) + "\n", capture_output=True, text=True, env=env, check=True,
+        input="\n".join(src) + "\n", env=env, check=True,
     )  # fmt: skip
     rows = res.stdout.splitlines()
     assert len(rows) == 3 and all(len(r.split("\t")) == 2 and float(r.split("\t")[1]) <= 0 for r in rows)
 
 
-def test_output_closed_early_is_not_a_traceback(toy_run, toy_test, tmp_path):
+def test_output_closed_early_is_not_a_traceback(toy_run, toy_test, tmp_path, children):
     """`mt translate ... | head -1`: the reader goes away, mt stops quietly (exit 128 + SIGPIPE)."""
     # 5,000 lines: more output than a pipe holds, so mt cannot finish before the reader leaves
     (tmp_path / "in.txt").write_text("\n".join(toy_test[0] * 50) + "\n")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     with open(tmp_path / "in.txt") as stdin:
-        proc = subprocess.Popen(
+        proc = children(
             mt_cmd("translate", "--model", str(toy_run), "--beam", "1"),
-            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         )  # fmt: skip
         assert proc.stdout.readline().strip()
         proc.stdout.close()

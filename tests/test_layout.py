@@ -3,11 +3,10 @@
 
 import ast
 import dataclasses
-import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, run_command
 
 from mt.config import load_config
 from mt.model import Transformer
@@ -102,9 +101,7 @@ def test_model_code_imports_neither_lightning_nor_the_data_code():
     assert not reached & set(NOT_IN_MODEL_CODE), sorted(reached & set(NOT_IN_MODEL_CODE))
     # and at run time: importing the model loads none of them
     probe = "import sys, mt.model; print(' '.join(sorted(sys.modules)))"
-    loaded = set(
-        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
-    )
+    loaded = set(run_command([sys.executable, "-c", probe], check=True).stdout.split())
     assert not loaded & set(NOT_IN_MODEL_CODE), sorted(loaded & set(NOT_IN_MODEL_CODE))
 
 

@@ -8,7 +8,7 @@ import shutil
 import sys
 
 import pytest
-from conftest import ROOT, run
+from conftest import ROOT, run_command
 
 from mt.toy import TRANSLATION
 
@@ -33,9 +33,9 @@ def toy_commands() -> list[str]:
             command = line.strip()
             if not line.startswith("    ") or not command.startswith(("mt ", "echo ")):
                 continue
-            if ("runs/toy" in command or "configs/toy.yaml" in command) and "long-running" not in command:
-                if not command.startswith("mt train"):
-                    commands.append(command)
+            toy = "runs/toy" in command or "configs/toy.yaml" in command
+            if toy and "long-running" not in command and not command.startswith("mt train"):
+                commands.append(command)
     return commands
 
 
@@ -50,7 +50,7 @@ def shell(line: str, cwd) -> str:
     """Runs one documented command line with the environment's ``mt`` first on the PATH."""
     env = os.environ | {"PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]}
     env.pop("MT_DATA_DIR", None)
-    done = run(["bash", "-c", "set -euo pipefail; " + line], timeout=600, cwd=cwd, env=env)
+    done = run_command(["bash", "-c", "set -euo pipefail; " + line], timeout=600, cwd=cwd, env=env)
     assert done.returncode == 0, f"{line}\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
 

@@ -2,11 +2,10 @@
 
 import importlib.util
 import os
-import subprocess
 import sys
 
 import torch
-from conftest import ROOT, TOY, write_corpus
+from conftest import ROOT, TOY, run_command, write_corpus
 
 import mt.fastpath
 from mt.config import ModelConfig
@@ -33,10 +32,9 @@ def test_val_windows_averages_windows_and_reports_median_throughput(tmp_path):
     )
     # resumed from the checkpoint at update 100: update 200 is logged again, and the later version wins
     write_metrics(run, 1, ["1,,,199,,,20.0,2,7\n", "2,,,249,2000.0,3,,,\n", "3,,,299,,,40.0,1,2\n"])
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "experiments" / "val_windows.py"), str(run), "--window", "200"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    out = run_command(
+        [sys.executable, str(ROOT / "experiments" / "val_windows.py"), str(run), "--window", "200"], check=True
+    ).stdout
     lines = out.splitlines()
     assert lines[1].split()[:3] == ["1-200", "15.00", "(2)"]  # updates 100 and 200: (10 + 20) / 2
     assert lines[2].split()[:3] == ["201-300", "40.00", "(1)"]
@@ -50,7 +48,7 @@ def test_distill_trains_a_student_on_the_sources_paired_with_the_teachers_transl
     env = {**os.environ, "MT_DATA_DIR": str(raw), "KD_DIR": str(kd), "KD_RUN": str(student), "KD_TEST": "test"}
     env["CONFIG"] = str(TOY)
     command = ["bash", str(ROOT / "scripts" / "distill.sh"), str(toy_run), "--", "train.max_steps=20"]
-    subprocess.run(command, env=env, capture_output=True, text=True, check=True)
+    run_command(command, env=env, check=True)
 
     sources, targets = splits["train"]
     teacher = read_lines(kd / "train.tgt.teacher")
@@ -64,14 +62,14 @@ def test_distill_trains_a_student_on_the_sources_paired_with_the_teachers_transl
 
     # KD_MIX=0: the teachers' translations alone, decoded once
     env.update(KD_MIX="0", KD_RUN=str(tmp_path / "student_kd_only"))
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    out = run_command(command, env=env, check=True).stdout
     assert "reusing" in out
     assert read_lines(kd / "raw" / "train.src") == sources
     assert read_lines(kd / "raw" / "train.tgt") == teacher
 
     # other teachers than those that made the translations: refused, nothing rebuilt
     other = command[:2] + [str(toy_run), str(toy_run)] + command[3:]
-    failed = subprocess.run(other, env=env, capture_output=True, text=True)
+    failed = run_command(other, env=env)
     assert failed.returncode == 1
     assert f"{kd / 'train.tgt.teacher'} was decoded by '{toy_run}', not '{toy_run} {toy_run}'" in failed.stderr
     assert read_lines(kd / "raw" / "train.tgt") == teacher
@@ -79,7 +77,7 @@ def test_distill_trains_a_student_on_the_sources_paired_with_the_teachers_transl
     # groups separated by +: each translates on its own (the first reused), every translation is added
     env.update(KD_MIX="1", KD_RUN=str(tmp_path / "student_two_groups"))
     groups = command[:3] + ["+", str(toy_run), str(toy_run)] + command[3:]
-    out = subprocess.run(groups, env=env, capture_output=True, text=True, check=True).stdout
+    out = run_command(groups, env=env, check=True).stdout
     assert f"reusing {kd / 'train.tgt.teacher'}" in out
     ensemble = read_lines(kd / "train.tgt.teacher2")
     assert len(ensemble) == len(sources)
@@ -89,7 +87,7 @@ def test_distill_trains_a_student_on_the_sources_paired_with_the_teachers_transl
 
     # an empty group: a usage error before anything runs
     for bad in (command[:3] + ["+"] + command[3:], command[:2] + ["+"] + command[2:]):
-        failed = subprocess.run(bad, env=env, capture_output=True, text=True)
+        failed = run_command(bad, env=env)
         assert failed.returncode == 2 and "usage:" in failed.stderr
 
 

@@ -8,11 +8,10 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 
 import pytest
 import torch
-from conftest import ROOT, TOY, metrics, mt_cmd, train_args
+from conftest import ROOT, TOY, metrics, mt_cmd, run_command, train_args, wait_for
 from safetensors.torch import load_file
 
 from mt.checkpoints import average_checkpoints, step_checkpoints, validation_loss
@@ -228,7 +227,7 @@ def test_average_command_rewrites_the_inference_model(toy_data, tmp_path, capsys
 
 
 @pytest.mark.parametrize("bpe_dropout", [0.0, 0.2])
-def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path, bpe_dropout):
+def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path, bpe_dropout, children):
     """Killed at an arbitrary moment; checkpoints every 7 steps fall mid-epoch.
     With BPE-dropout the resumed run must also redraw the same segmentations."""
     opts = (
@@ -240,13 +239,8 @@ def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path, bpe_dropout):
     assert main(train_args(toy_data, tmp_path / "full", *opts)) == 0
 
     run = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        mt_cmd(*train_args(toy_data, run, *opts)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    deadline = time.time() + 120
-    while not list((run / "checkpoints").glob("step=2*.ckpt")) and time.time() < deadline:
-        time.sleep(0.05)
+    proc = children(mt_cmd(*train_args(toy_data, run, *opts)), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: list((run / "checkpoints").glob("step=2*.ckpt")), proc, "a checkpoint at update 2x")
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     for ckpt in (run / "checkpoints").glob("*.ckpt"):  # every file is a complete checkpoint
@@ -258,21 +252,19 @@ def test_resume_after_sigkill_mid_epoch(toy_data, tmp_path, bpe_dropout):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_ctrl_c_exits_130_and_says_how_to_resume(toy_data, tmp_path):
+def test_ctrl_c_exits_130_and_says_how_to_resume(toy_data, tmp_path, children):
     """SIGINT (Ctrl-C) mid-training: exit status 130 as for any interrupted
     command (Lightning's own handler exits 1), a line that says how to go on,
-    complete checkpoints, and the same command resumes from them."""
+    complete checkpoints, and the same command resumes from them. The child gets
+    SIGINT at its default however the test suite itself was started."""
     run = tmp_path / "interrupted"
     opts = ("train.max_steps=100000", "train.val_every_steps=7")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        mt_cmd(*train_args(toy_data, run, *opts)), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    proc = children(
+        mt_cmd(*train_args(toy_data, run, *opts)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
     )
-    deadline = time.time() + 120
-    while not (run / "checkpoints" / "last.ckpt").exists() and time.time() < deadline:
-        time.sleep(0.05)
+    wait_for(lambda: (run / "checkpoints" / "last.ckpt").exists(), proc, "a first last.ckpt")
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 130, err
     assert f"rerun the same command to resume from {run / 'checkpoints' / 'last.ckpt'}" in err
     assert "mt train: interrupted" in err and "Traceback" not in err
@@ -284,13 +276,14 @@ def test_ctrl_c_exits_130_and_says_how_to_resume(toy_data, tmp_path):
 
 
 def test_ddp_two_processes_on_cpu(toy_data, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
     args = train_args(
         toy_data, tmp_path / "ddp", "trainer.devices=2", "trainer.strategy=ddp", "trainer.accelerator=cpu",
         "train.max_steps=-1", "train.max_epochs=1",
     )  # fmt: skip
     single = train_args(toy_data, tmp_path / "one", "train.max_steps=-1", "train.max_epochs=1")
-    subprocess.run(mt_cmd(*args), env=env, check=True, capture_output=True, timeout=300)
+    done = run_command(mt_cmd(*args), timeout=1200, env=env)
+    assert done.returncode == 0, done.stderr
     assert main(single) == 0
     steps_ddp = int(metrics(tmp_path / "ddp")[-1]["step"])
     steps_one = int(metrics(tmp_path / "one")[-1]["step"])
