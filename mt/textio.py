@@ -24,6 +24,14 @@ def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
         yield text.rstrip("\n").rstrip("\r")
 
 
+def _file_in_the_way(path: Path) -> Path:
+    """The outermost ancestor of ``path`` that exists and is not a directory."""
+    for parent in reversed(path.parents):
+        if parent.exists() and not parent.is_dir():
+            return parent
+    return path.parent
+
+
 def new_file_mode() -> int:
     """The permissions ``open(path, "w")`` gives a new file: 0o666 less the umask.
     Temporary files are created 0o600, and a rename keeps that."""
@@ -63,15 +71,18 @@ def atomic_output(path: str | Path, binary: bool = False) -> Iterator[IO]:
         kind = os.stat(path).st_mode  # through symbolic links
     except FileNotFoundError:
         kind = None
+    except NotADirectoryError:
+        raise DataError(f"{path}: cannot write, {_file_in_the_way(path)} is not a directory") from None
     except OSError as e:
         raise DataError(f"{path}: cannot write ({e.strerror})") from None
     if kind is not None and (stat.S_ISFIFO(kind) or stat.S_ISCHR(kind)):
         with _direct(path, binary) as f:
             yield f
         return
+    if kind is not None and stat.S_ISDIR(kind):
+        raise DataError(f"{path}: is a directory, not an output file")
     if kind is not None and not stat.S_ISREG(kind):
-        what = "a directory" if stat.S_ISDIR(kind) else "not a regular file, a pipe or a character device"
-        raise DataError(f"{path}: is {what}; give an output file")
+        raise DataError(f"{path}: is not a regular file, a pipe or a character device; give an output file")
     target = Path(os.path.realpath(path))  # the file itself, where path is a symbolic link to it
     if not target.parent.is_dir():
         missing = "does not exist" if not target.parent.exists() else "is not a directory"
