@@ -268,7 +268,9 @@ def _add_attention(sub) -> None:
         description="Translate SRC greedily (or force-decode --tgt), capture every layer's attention "
         "weights and draw them as heatmaps. Cross-attention: target tokens as rows, source tokens as "
         "columns. --temperature T divides the scaled scores by T: T > 1 flattens the weights, T < 1 "
-        "sharpens them.",
+        "sharpens them. --explain instead walks through one head step by step (Q, K, V, scores, "
+        "scaling, mask, softmax, weights·V, W_O) on the model's real weights and checks every step "
+        "against the model's own forward pass.",
     )
     p.add_argument("--model", required=True, help="run directory")
     src = p.add_mutually_exclusive_group(required=True)
@@ -276,11 +278,29 @@ def _add_attention(sub) -> None:
     src.add_argument("--src-file", help="file of source sentences: one image per line (OUT-<n>.png)")
     p.add_argument("--tgt", help="target sentence to force-decode (default: the model's greedy translation)")
     p.add_argument("--kind", choices=["cross", "encoder", "decoder", "all"], default="cross")
-    p.add_argument("--layer", default="all", help="layer index or 'all' (default all)")
-    p.add_argument("--head", default="all", help="head index, 'all' or 'mean' (default all)")
-    p.add_argument("--out", help="image file: .png, .svg or .pdf")
+    p.add_argument("--layer", default="all", help="layer index or 'all' (default all; --explain: 0)")
+    p.add_argument("--head", default="all", help="head index, 'all' or 'mean' (default all; --explain: 0)")
+    p.add_argument(
+        "--out",
+        help="image file: .png, .svg or .pdf; with --explain the flow of one head: .png, .svg, or .html "
+        "(a page where hovering a cell shows its value and the cells it came from)",
+    )
     p.add_argument("--stats", action="store_true", help="print per-head statistics (entropy, max, ...)")
-    p.add_argument("--temperature", type=float, default=1.0, help="attention temperature (default 1)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        metavar="T",
+        help="attention temperature (default 1); with --explain several, compared side by side",
+    )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="one head step by step, each step checked against the model (with --kind, --layer, --head, --query)",
+    )
+    p.add_argument("--query", type=int, default=0, help="--explain: the query position to follow (default 0)")
+    p.add_argument("--npz", help="--explain: save the head's inputs, weights and mask for NumPy (FILE.npz)")
     p.add_argument("--align", action="store_true", help="print source-target piece alignments (Pharaoh i-j)")
     p.add_argument("--align-layer", type=int, help="decoder layer for --align (default: second to last)")
     p.add_argument("--html", help="also write a self-contained HTML page to browse all maps")

@@ -47,9 +47,12 @@ def export_model(model: Transformer, tokenizer_dir: Path, run_dir: Path, extra: 
     publish(tmp, run_dir / MODEL_JSON)
 
 
-def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Transformer, Tokenizer, dict]:
-    """(model in eval mode, on decoding's fast path, tokenizer, metadata) from a run
-    directory, checked for consistency."""
+def load(
+    run_dir: str | Path, device: str | torch.device = "cpu", fast: bool = True
+) -> tuple[Transformer, Tokenizer, dict]:
+    """(model in eval mode, tokenizer, metadata) from a run directory, checked for
+    consistency. The model is on decoding's fast path unless ``fast=False``
+    (the textbook modules, as training ran them)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ModelDirError(f"{run_dir}: model directory does not exist")
@@ -72,7 +75,9 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Trans
         load_model(model, str(run_dir / WEIGHTS), device="cpu")
     except Exception as e:  # safetensors raises several types for truncated or mismatched files
         raise ModelDirError(f"{run_dir / WEIGHTS}: cannot load weights ({e})") from None
-    return speed_up(model).to(device).eval(), tok, meta
+    if fast:
+        speed_up(model)
+    return model.to(device).eval(), tok, meta
 
 
 def _tokenizer_bytes(run_dir: Path) -> list[bytes] | None:
