@@ -128,7 +128,8 @@ def run(args) -> None:
                 path = path.with_name(f"{path.stem}-{index}{path.suffix}")
             steps = explorer_steps(model, tok, src_ids, tgt_ids, args.temperature)
             kinds_data = {k: (*maps.axes(k), maps.layers(k)) for k in KINDS}
-            attention_html(kinds_data, path, f"attention: {text}", steps)
+            stats = {k: head_table(maps, k) for k in KINDS}
+            attention_html(kinds_data, path, f"attention: {text}", steps, stats)
             print(f"wrote {path}")
 
 

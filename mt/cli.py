@@ -201,6 +201,21 @@ def _add_translate(sub) -> None:
     p.add_argument("-o", "--output", help="output file, written atomically (default: stdout)")
     p.add_argument("--n-best", type=int, default=1, help="hypotheses per input (<= beam)")
     p.add_argument("--scores", action="store_true", help="append a tab and the hypothesis score")
+    p.add_argument(
+        "--prefix-file",
+        help="the start of each translation, one line per input line (empty = none): the search "
+        "continues from it, and the output starts with it as given",
+    )
+
+
+def _prefix_errors(translations, prefix_file: str | None):
+    """The translations, with a prefix file that does not fit the input named in the error."""
+    try:
+        yield from translations
+    except ValueError as e:
+        if prefix_file is None:
+            raise
+        raise MTError(f"--prefix-file {prefix_file}: {e}") from None
 
 
 def _run_translate(args) -> None:
@@ -221,8 +236,15 @@ def _run_translate(args) -> None:
         else:
             source = sys.stdin.buffer
         lines = utf8_lines(source, args.input or "<stdin>")
+        prefixes = None
+        if args.prefix_file:
+            try:
+                prefixes = utf8_lines(stack.enter_context(open(args.prefix_file, "rb")), args.prefix_file)
+            except OSError as e:
+                raise MTError(f"--prefix-file {args.prefix_file}: {e.strerror}") from None
         out = stack.enter_context(atomic_output(args.output)) if args.output else sys.stdout
-        for n, nbest in enumerate(translator.stream(lines, chunk=1000, n_best=args.n_best)):
+        translations = translator.stream(lines, chunk=1000, n_best=args.n_best, prefixes=prefixes)
+        for n, nbest in enumerate(_prefix_errors(translations, args.prefix_file)):
             for text, score in nbest:
                 if args.n_best > 1:
                     out.write(f"{n} ||| {text} ||| {score:.4f}\n")
@@ -306,6 +328,31 @@ def _add_attention(sub) -> None:
     p.add_argument("--html", help="also write a self-contained HTML page to browse all maps")
 
 
+def _add_serve(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve translation and attention over HTTP, with a web page",
+        description="Serve the model: a page at /, the API under /v1 (docs at /docs), /healthz. Requests that "
+        "arrive together are decoded together (up to --max-batch sentences, waiting at most --max-wait-ms). "
+        "SIGINT or SIGTERM stops it gracefully. Needs the serve extra: pip install -e '.[serve]'.",
+    )
+    _add_decoding_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--max-batch", type=int, default=64, help="most sentences decoded together (default 64)")
+    p.add_argument("--max-wait-ms", type=float, default=10.0, help="longest wait for a batch to fill (default 10)")
+    p.add_argument("--max-lines", type=int, default=64, help="most sentences per request (default 64)")
+    p.add_argument("--max-chars", type=int, default=1000, help="most characters per sentence (default 1000)")
+
+
+def _run_serve(args) -> None:
+    try:
+        from mt.serve import run
+    except ImportError as e:
+        raise MTError(f"mt serve needs the serve extra ({e.name} is missing): pip install -e '.[serve]'") from None
+    run(args)
+
+
 def _run_attention(args) -> None:
     from mt.attention_cli import run
 
@@ -319,6 +366,7 @@ COMMANDS = {
     "translate": (_add_translate, _run_translate),
     "evaluate": (_add_evaluate, _run_evaluate),
     "attention": (_add_attention, _run_attention),
+    "serve": (_add_serve, _run_serve),
 }
 
 

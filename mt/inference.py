@@ -13,6 +13,7 @@ import json
 import shutil
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from itertools import zip_longest
 from pathlib import Path
 from typing import TypeVar
 
@@ -179,17 +180,22 @@ class Translator:
                 ids[n] = x[: limit - 1] + [self.tok.eos_id]
         return ids
 
-    def translate_ids(self, ids: list[list[int]], n_best: int = 1) -> list[list[tuple[list[int], float]]]:
-        """Token ids in, per input its n-best (ids, score) out, in input order."""
+    def translate_ids(
+        self, ids: list[list[int]], n_best: int = 1, prefixes: list[list[int]] | None = None
+    ) -> list[list[tuple[list[int], float]]]:
+        """Token ids in, per input its n-best (ids, score) out, in input order.
+        ``prefixes[i]``: target ids that input i's translations start with (see ``encode_prefixes``)."""
         results: list = [[([], 0.0)] * n_best if not x else None for x in ids]
         order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))  # empty lines: empty output
         batches = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
 
         def decode(batch: list[int]) -> list[list[tuple[list[int], float]]]:
             src = pad_batch([ids[i] for i in batch], self.tok.pad_id).to(self.device)
+            fixed = [prefixes[i] for i in batch] if prefixes else None
             if self.beam == 1 and n_best == 1:
-                return [[(h.tokens, h.score)] for h in greedy_search(self.model, src, self.settings, self.alpha)]
-            hyps = beam_search(self.model, src, self.settings, self.beam, self.alpha, n_best)
+                hyps = greedy_search(self.model, src, self.settings, self.alpha, fixed)
+                return [[(h.tokens, h.score)] for h in hyps]
+            hyps = beam_search(self.model, src, self.settings, self.beam, self.alpha, n_best, fixed)
             return [[(h.tokens, h.score) for h in nbest] for nbest in hyps]
 
         for batch, out in zip(batches, map_in_threads(decode, batches, self.workers)):
@@ -197,17 +203,49 @@ class Translator:
                 results[i] = nbest
         return results
 
-    def translate(self, lines: list[str], first_line: int = 1) -> list[str]:
-        hyps = self.translate_ids(self.encode(lines, first_line))
-        return self.tok.decode_tgt([h[0][0] for h in hyps])
+    def encode_prefixes(self, prefixes: list[str], first_line: int = 1) -> list[list[int]]:
+        """Target-side prefixes (the start of each translation, '' for none) as ids.
+        A prefix is whole pieces: one that ends inside a word continues from
+        that word's pieces as the tokenizer cuts the prefix alone."""
+        ids = self.tok.encode_tgt(prefixes)
+        room = self.model.cfg.max_positions - 2  # bos, and one token after the prefix
+        for n, x in enumerate(ids):
+            if len(x) > room:
+                raise ValueError(f"prefix {first_line + n}: {len(x)} subword tokens, more than the model's {room}")
+        return ids
 
-    def stream(self, lines: Iterable[str], chunk: int = 1000, n_best: int = 1) -> Iterator[list[tuple[str, float]]]:
+    def translate(self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None) -> list[str]:
+        return [nbest[0][0] for nbest in self.translate_nbest(lines, first_line, 1, prefixes)]
+
+    def translate_nbest(
+        self, lines: list[str], first_line: int = 1, n_best: int = 1, prefixes: list[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """Per line its n-best (translation, score); a translation with a prefix starts with it as given."""
+        fixed = self.encode_prefixes(prefixes, first_line) if prefixes else None
+        hyps = self.translate_ids(self.encode(lines, first_line), n_best, fixed)
+        texts = iter(self.tok.decode_tgt([ids for nbest in hyps for ids, _ in nbest]))
+        out = [[(next(texts), score) for _, score in nbest] for nbest in hyps]
+        if prefixes:
+            for n, given in enumerate(prefixes):
+                if fixed[n]:
+                    out[n] = [(keep_prefix(given, ids, fixed[n], self.tok), score) for ids, score in hyps[n]]
+        return out
+
+    def stream(
+        self, lines: Iterable[str], chunk: int = 1000, n_best: int = 1, prefixes: Iterable[str] | None = None
+    ) -> Iterator[list[tuple[str, float]]]:
         """Per input line, in order, its n-best (translation, score); reads
-        ``chunk`` lines at a time so memory stays flat on any input size."""
-        buffer: list[str] = []
+        ``chunk`` lines at a time so memory stays flat on any input size.
+        ``prefixes``: one per line ('' for none), the start of its translation."""
+        pairs = zip_longest(lines, prefixes, fillvalue=None) if prefixes is not None else ((x, "") for x in lines)
+        buffer: list[tuple[str, str]] = []
         first = 1
-        for line in lines:
-            buffer.append(line)
+        for n, pair in enumerate(pairs, 1):
+            if pair[0] is None:
+                raise ValueError(f"more prefixes than input lines ({n - 1})")
+            if pair[1] is None:
+                raise ValueError(f"fewer prefixes than input lines: none for line {n}")
+            buffer.append(pair)
             if len(buffer) == chunk:
                 yield from self._run(buffer, first, n_best)
                 first += len(buffer)
@@ -215,7 +253,22 @@ class Translator:
         if buffer:
             yield from self._run(buffer, first, n_best)
 
-    def _run(self, lines: list[str], first: int, n_best: int) -> Iterator[list[tuple[str, float]]]:
-        for nbest in self.translate_ids(self.encode(lines, first), n_best):
-            texts = self.tok.decode_tgt([ids for ids, _ in nbest])
-            yield list(zip(texts, [score for _, score in nbest]))
+    def _run(self, pairs: list[tuple[str, str]], first: int, n_best: int) -> list[list[tuple[str, float]]]:
+        lines, prefixes = zip(*pairs)
+        return self.translate_nbest(list(lines), first, n_best, list(prefixes) if any(prefixes) else None)
+
+
+def keep_prefix(given: str, ids: list[int], prefix_ids: list[int], tok: Tokenizer) -> str:
+    """The translation ``ids`` (which start with ``prefix_ids``) as text that starts with
+    the prefix as the person typed it, trailing spaces aside: the tokenizer's round trip
+    of the prefix (its normalisation; lowercasing for paper-style text) gives way to it."""
+    given = given.rstrip()
+    text, decoded = tok.decode_tgt([ids, prefix_ids])
+    if text.startswith(decoded):
+        return given + text[len(decoded) :]
+    # the detokenizer joined across the prefix's end: put the continuation after it by its pieces
+    rest = ids[len(prefix_ids) :]
+    if not rest:
+        return given
+    space = " " if tok.tgt_pieces(rest[:1])[0].startswith("▁") else ""
+    return given + space + tok.decode_tgt([rest])[0]

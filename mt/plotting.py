@@ -70,65 +70,14 @@ _PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>
 body {{ font: 13px sans-serif; margin: 1em; }}
-table {{ border-collapse: collapse; }}
-td {{ width: 18px; height: 18px; padding: 0; }}
-th {{ font-weight: normal; font-size: 11px; padding: 0 3px; white-space: nowrap; }}
-th.col {{ writing-mode: vertical-rl; transform: rotate(180deg); text-align: left; }}
-#tip {{ margin: .5em 0; min-height: 1.2em; font-family: monospace; }}
-#map td {{ cursor: pointer; }}
-{steps_css}
+{css}
 </style></head><body>
 <h3>{title}</h3>
-<label>kind <select id="kind"></select></label>
-<label>layer <select id="layer"></select></label>
-<label>head <select id="head"></select></label>
-<div id="tip">hover a cell; click one to see how its head computed that query's row, step by step</div>
-<div id="map"></div>
-<div id="steps"></div>
+<div id="explorer"></div>
 <script>
 {steps_js}
-const DATA = {data};
-const $ = id => document.getElementById(id);
-function options(sel, values) {{ sel.innerHTML = values.map(v => `<option>${{v}}</option>`).join(""); }}
-function esc(s) {{ const d = document.createElement("span"); d.textContent = s; return d.innerHTML; }}
-function draw() {{
-  const k = DATA[$("kind").value], layer = +$("layer").value, head = $("head").value;
-  const heads = k.layers[layer];
-  const w = head === "mean" ? heads[0].map((row, i) => row.map((_, j) =>
-      heads.reduce((s, h) => s + h[i][j], 0) / heads.length)) : heads[+head];
-  let h = "<table><tr><th></th>" + k.cols.map(c => `<th class="col">${{esc(c)}}</th>`).join("") + "</tr>";
-  w.forEach((row, i) => {{
-    h += `<tr><th>${{esc(k.rows[i])}}</th>` + row.map((v, j) =>
-      `<td style="background: rgba(30,60,200,${{v.toFixed(3)}})"` +
-      ` data-i="${{i}}" data-j="${{j}}" data-v="${{v.toFixed(4)}}"></td>`
-    ).join("") + "</tr>";
-  }});
-  $("map").innerHTML = h + "</table>";
-}}
-$("map").addEventListener("mouseover", e => {{
-  const d = e.target.dataset; if (d.v === undefined) return;
-  const k = DATA[$("kind").value];
-  $("tip").textContent = `${{k.rows[d.i]}} -> ${{k.cols[d.j]}}: ${{d.v}}`;
-}});
-$("map").addEventListener("click", e => {{
-  const d = e.target.dataset; if (d.i === undefined) return;
-  const k = DATA[$("kind").value], layer = +$("layer").value, head = $("head").value;
-  if (!k.steps) return;
-  if (head === "mean") {{ $("steps").textContent = "choose one head to see its steps"; return; }}
-  const s = k.steps, h = s.layers[layer][+head];
-  const names = {{encoder: "encoder self-attention", decoder: "decoder self-attention", cross: "cross-attention"}};
-  renderSteps($("steps"), {{title: `${{names[$("kind").value]}}, layer ${{layer}}, head ${{head}}`,
-    rows: s.rows, cols: s.cols, dk: s.dk, temperature: s.temperature, mask: s.mask, q: h.q, k: h.k, v: h.v}}, +d.i);
-}});
-function setKind() {{
-  const k = DATA[$("kind").value];
-  options($("layer"), k.layers.map((_, i) => i));
-  options($("head"), [...k.layers[0].map((_, i) => i), "mean"]);
-  draw();
-}}
-options($("kind"), Object.keys(DATA));
-$("kind").onchange = setKind; $("layer").onchange = draw; $("head").onchange = draw;
-setKind();
+{explorer_js}
+renderExplorer(document.getElementById("explorer"), {data});
 </script></body></html>
 """
 
@@ -138,28 +87,35 @@ def attention_html(
     path: str | Path,
     title: str,
     steps: dict[str, dict] | None = None,
+    stats: dict[str, list[dict]] | None = None,
 ) -> None:
     """One self-contained page (no network) to browse every kind, layer and
     head; hovering a cell shows its weight. kinds[name] = (row labels,
     column labels, per layer (H, T_q, T_k) weights). With ``steps[name]`` (see
-    ``step_inputs``), clicking a cell shows how its head computed that query's row."""
-    data = {
+    ``step_inputs``), clicking a cell shows how its head computed that query's row;
+    with ``stats[name]`` (``mt.inspection.head_table``), the layer's per-head statistics show beside it."""
+    page = _PAGE.format(title=html.escape(title), css=_web("attention.css"), steps_js=_web("steps.js"),
+                        explorer_js=_web("explorer.js"), data=_json(explorer_data(kinds, steps, stats)))  # fmt: skip
+    with atomic_output(path) as f:
+        f.write(page)
+
+
+def explorer_data(
+    kinds: dict[str, tuple[list[str], list[str], list[Tensor]]],
+    steps: dict[str, dict] | None = None,
+    stats: dict[str, list[dict]] | None = None,
+) -> dict:
+    """What the explorer (mt/web/explorer.js) draws, as JSON-ready data: see ``attention_html``."""
+    return {
         name: {
             "rows": rows,
             "cols": cols,
             "layers": [[[[round(float(v), 4) for v in r] for r in h] for h in w] for w in layers],
             **({"steps": steps[name]} if steps and name in steps else {}),
+            **({"stats": stats[name]} if stats and name in stats else {}),
         }
         for name, (rows, cols, layers) in kinds.items()
     }
-    page = _PAGE.format(
-        title=html.escape(title),
-        data=_json(data),
-        steps_js=_web("steps.js"),
-        steps_css=_web("steps.css"),
-    )
-    with atomic_output(path) as f:
-        f.write(page)
 
 
 def _web(name: str) -> str:
@@ -195,7 +151,7 @@ _FLOW_PAGE = """<!doctype html>
 <html><head><meta charset="utf-8"><title>{title}</title>
 <style>
 body {{ font: 13px sans-serif; margin: 1em; }}
-{steps_css}
+{css}
 </style></head><body>
 <h3>{title}</h3>
 <div id="steps"></div>
@@ -218,7 +174,7 @@ def flow_html(lesson, query: int, path: str | Path) -> None:
     }  # fmt: skip
     page = _FLOW_PAGE.format(
         title=html.escape(f"{title}: d_k = {lesson.d_k}, temperature {lesson.temperature:g}"),
-        steps_css=_web("steps.css"), steps_js=_web("steps.js"), head=_json(head), query=query,
+        css=_web("attention.css"), steps_js=_web("steps.js"), head=_json(head), query=query,
     )  # fmt: skip
     with atomic_output(path) as f:
         f.write(page)

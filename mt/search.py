@@ -37,16 +37,22 @@ class SearchSettings:
     min_len: int = 1  #: fewest tokens to generate, eos included (benchmarks force a fixed length)
 
 
-def max_lengths(src: Tensor, s: SearchSettings, max_positions: int) -> Tensor:
-    """Per sentence, the most tokens to generate (eos included). src: (B, T_s) -> (B,)"""
+def max_lengths(src: Tensor, s: SearchSettings, max_positions: int, prefix: Tensor | None = None) -> Tensor:
+    """Per sentence, the most tokens to generate (eos included): room for its prefix
+    and at least one token after it. src: (B, T_s) -> (B,)"""
     src_len = (src != s.pad_id).sum(1)
     limit = (s.max_len_a * src_len.float() + s.max_len_b).long()
+    if prefix is not None:
+        limit = torch.maximum(limit, (prefix >= 0).sum(1) + 1)
     return limit.clamp(1, max_positions - 1)  # bos takes a position too
 
 
-def _step_log_probs(logits: Tensor, s: SearchSettings, step: int, force_eos: Tensor) -> Tensor:
+def _step_log_probs(
+    logits: Tensor, s: SearchSettings, step: int, force_eos: Tensor, forced: Tensor | None = None
+) -> Tensor:
     """logits: (N, V) -> log-probabilities (N, V) that never pick pad or bos,
-    nor eos before ``s.min_len`` tokens, and only eos in rows where ``force_eos`` (N,) is set."""
+    nor eos before ``s.min_len`` tokens, and only eos in rows where ``force_eos`` (N,) is set.
+    ``forced`` (N,): a token id that row must take (a prefix), or -1."""
     logits = logits.float()
     # in place where possible: (rows, vocabulary) temporaries are a step's largest
     # allocations, and on CPU each fresh one is paid in page faults
@@ -59,7 +65,31 @@ def _step_log_probs(logits: Tensor, s: SearchSettings, step: int, force_eos: Ten
         eos_col = logp[:, s.eos_id].clone()
         logp[force_eos] = float("-inf")
         logp[force_eos, s.eos_id] = eos_col[force_eos]
+    if forced is not None and (forced >= 0).any():
+        rows = (forced >= 0).nonzero()[:, 0]
+        kept = logp[rows, forced[rows]]  # the prefix token keeps its log-probability: it counts in the score
+        logp[rows] = float("-inf")
+        logp[rows, forced[rows]] = kept
     return logp
+
+
+def prefix_tensor(prefixes: list[list[int]] | None, b: int, device) -> Tensor | None:
+    """Per sentence the tokens its output must start with -> (B, P), padded with -1; None if none has any."""
+    if not prefixes or not any(prefixes):
+        return None
+    if len(prefixes) != b:
+        raise ValueError(f"{len(prefixes)} prefixes for {b} sentences")
+    out = torch.full((b, max(len(p) for p in prefixes)), -1, dtype=torch.long)
+    for i, p in enumerate(prefixes):
+        out[i, : len(p)] = torch.tensor(p, dtype=torch.long)
+    return out.to(device)
+
+
+def _forced(prefix: Tensor | None, rows: Tensor, step: int) -> Tensor | None:
+    """The token each of ``rows`` (sentence indices) must take at ``step``, or -1."""
+    if prefix is None or step >= prefix.size(1):
+        return None
+    return prefix[rows, step]
 
 
 _BLOCK = 64
@@ -99,14 +129,18 @@ def arg_max(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 @torch.inference_mode()
-def greedy_search(model: Transformer, src: Tensor, s: SearchSettings, alpha: float = 1.0) -> list[Hypothesis]:
+def greedy_search(
+    model: Transformer, src: Tensor, s: SearchSettings, alpha: float = 1.0, prefixes: list[list[int]] | None = None
+) -> list[Hypothesis]:
     """src: (B, T_s) -> per sentence its most probable next token at each step,
     scored like beam search (log-probability / length ** alpha). Finished
     sentences leave the batch once they are a quarter of its rows (each
-    removal copies the cache, so not one at a time)."""
+    removal copies the cache, so not one at a time). ``prefixes[i]``: tokens
+    sentence i's output starts with; the search continues from them."""
     b, dev = src.size(0), src.device
     enc = model.encode(src)
-    limits = max_lengths(src, s, model.cfg.max_positions)
+    prefix = prefix_tensor(prefixes, b, dev)
+    limits = max_lengths(src, s, model.cfg.max_positions, prefix)
     n_steps = int(limits.max())
     out = torch.full((b, n_steps), s.pad_id, dtype=torch.long, device=dev)
     log_prob = torch.zeros(b, device=dev)
@@ -117,7 +151,10 @@ def greedy_search(model: Transformer, src: Tensor, s: SearchSettings, alpha: flo
     cache = DecoderCache()
     for step in range(n_steps):
         dec = model.decode(tokens, enc, cache)
-        best, tok = arg_max(_step_log_probs(dec.logits[:, -1], s, step, limits[sentence] <= step + 1))  # (N,)
+        logp = _step_log_probs(
+            dec.logits[:, -1], s, step, limits[sentence] <= step + 1, _forced(prefix, sentence, step)
+        )
+        best, tok = arg_max(logp)  # (N,)
         rows = sentence[live]
         out[rows, step] = tok[live]
         log_prob[rows] += best[live]
@@ -141,7 +178,13 @@ def _strip(ids: list[int], s: SearchSettings) -> list[int]:
 
 @torch.inference_mode()
 def beam_search(
-    model: Transformer, src: Tensor, s: SearchSettings, beam: int = 5, alpha: float = 1.0, n_best: int = 1
+    model: Transformer,
+    src: Tensor,
+    s: SearchSettings,
+    beam: int = 5,
+    alpha: float = 1.0,
+    n_best: int = 1,
+    prefixes: list[list[int]] | None = None,
 ) -> list[list[Hypothesis]]:
     """src: (B, T_s) -> per sentence, its ``n_best`` hypotheses, best first.
 
@@ -155,12 +198,18 @@ def beam_search(
     same); the cache reorder then fans each row out to ``beam`` rows. The
     source's keys/values keep one row per sentence throughout: its beams
     attend to it as a group (see grouped queries in ``mt.attention``).
+
+    ``prefixes[i]``: tokens sentence i's hypotheses all start with. While a
+    sentence is inside its prefix every row may take only the prefix token,
+    so one hypothesis carries it (the others stay at -inf) and the beam
+    opens where the prefix ends.
     """
     b, dev = src.size(0), src.device
     if not 1 <= n_best <= beam:
         raise ValueError(f"n_best must be between 1 and the beam size {beam}")
     enc = model.encode(src)
-    limits = max_lengths(src, s, model.cfg.max_positions)  # (B,)
+    prefix = prefix_tensor(prefixes, b, dev)
+    limits = max_lengths(src, s, model.cfg.max_positions, prefix)  # (B,)
     sentence = torch.arange(b, device=dev)  # original index of each sentence still searching
     tokens = torch.full((b, 1), s.bos_id, dtype=torch.long, device=dev)  # (N*W, 1 + step)
     scores = torch.zeros(b, 1, device=dev)  # (N, W): N sentences left, W live beams each
@@ -172,7 +221,10 @@ def beam_search(
         dec = model.decode(tokens[:, -1:], enc, cache)
         at_limit = (limits[sentence] <= step + 1).repeat_interleave(width)
         # the 2K best of a sentence's W x V continuations are among the 2K best of each of its rows
-        logp, tok = top_k(_step_log_probs(dec.logits[:, -1], s, step, at_limit), min(2 * beam, vocab))  # (N*W, K)
+        forced = _forced(prefix, sentence, step)
+        forced = forced.repeat_interleave(width) if forced is not None else None
+        logp = _step_log_probs(dec.logits[:, -1], s, step, at_limit, forced)
+        logp, tok = top_k(logp, min(2 * beam, vocab))  # (N*W, K)
         per_row = tok.size(1)
         cand = (logp + scores.view(-1, 1)).view(n, width * per_row)
         top_scores, top_idx = cand.topk(min(2 * beam, width * per_row), dim=1)  # (N, C)

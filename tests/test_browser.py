@@ -92,3 +92,56 @@ def test_the_explorer_opens_the_steps_of_a_clicked_cell(toy_run, tmp_path, page)
     page.click('#map td[data-i="0"][data-j="0"]')
     assert "choose one head" in page.inner_text("#steps")
     assert page.errors == []
+
+
+def test_the_served_page_translates_completes_and_explores(toy_run, children, page):
+    import json
+    import subprocess
+    import urllib.request
+
+    from conftest import mt_cmd, wait_for
+    from test_serve import free_port, get
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = children([*mt_cmd("serve", "--model", str(toy_run), "--port", str(port))],
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+
+    def up() -> bool:
+        try:
+            return get(base + "/healthz", timeout=5)["status"] == "ok"
+        except OSError:
+            return False
+
+    wait_for(up, proc, "the server")
+    page.goto(base + "/")
+    page.wait_for_function("document.getElementById('model-info').textContent.includes('parameters')")
+    page.fill("#source", SRC)
+    page.click("#translate")
+    page.wait_for_selector("#explorer table.heatmap")
+    shown = page.input_value("#target")
+    req = urllib.request.Request(base + "/v1/translate", json.dumps({"text": SRC}).encode())
+    with urllib.request.urlopen(req, timeout=600) as r:
+        assert shown == json.loads(r.read())["translations"][0]["text"] != ""
+
+    before = page.inner_html("#map")
+    page.select_option("#layer", "1")
+    assert page.inner_html("#map") != before  # another layer, another heatmap
+    before = page.inner_html("#map")
+    page.select_option("#head", "1")
+    assert page.inner_html("#map") != before
+    page.hover('#map td[data-i="0"][data-j="0"]')
+    assert ": 0." in page.inner_text("#tip") or ": 1." in page.inner_text("#tip")
+    assert page.locator("#stats tr.chosen").count() == 1  # the chosen head's statistics row
+
+    page.fill("#target", "zzz qqq")
+    page.evaluate("const t = document.getElementById('target'); t.setSelectionRange(7, 7)")
+    page.click("#complete")
+    page.wait_for_function(
+        "document.getElementById('target').value.length > 7 && !document.getElementById('complete').disabled"
+    )
+    assert page.input_value("#target").startswith("zzz qqq")
+    page.select_option("#nbest", "3")
+    page.click("#translate")
+    page.wait_for_function("document.querySelectorAll('#nbest-list li').length === 3")
+    assert page.errors == []

@@ -452,3 +452,29 @@ def test_evaluate_keeps_other_decoding_settings_apart(toy_run, toy_test, tmp_pat
     other = json.loads((toy_run / "eval" / "v.beam5.alpha0.6.float32.json").read_text())
     assert (default["alpha"], other["alpha"], other["dtype"]) == (1.0, 0.6, "float32")
     assert len((toy_run / "eval" / "v.beam5.alpha0.6.float32.hyp").read_text().splitlines()) == 20
+
+
+def test_translate_prefix_file(toy_run, tmp_path, capsys):
+    src = tmp_path / "src.txt"
+    src.write_text("the big dog sees a red bird\na cat runs\nthe small bird\n")
+    assert main(["translate", "--model", str(toy_run), "-i", str(src), "--beam", "1"]) == 0
+    plain = capsys.readouterr().out.splitlines()
+    prefixes = tmp_path / "prefixes.txt"
+    start = " ".join(plain[0].split()[:2])
+    prefixes.write_text(f"{start}\n\nzzz qqq \n")
+    for beam in ("1", "5"):
+        assert main(["translate", "--model", str(toy_run), "-i", str(src), "--beam", beam,
+                     "--prefix-file", str(prefixes)]) == 0  # fmt: skip
+        out = capsys.readouterr().out.splitlines()
+        assert len(out) == 3 and out[2].startswith("zzz qqq") and len(out[2]) > len("zzz qqq")
+        if beam == "1":
+            assert out[:2] == plain[:2]  # greedy from its own start: the same; no prefix: unchanged
+    prefixes.write_text("x\n")
+    assert main(["translate", "--model", str(toy_run), "-i", str(src), "--prefix-file", str(prefixes)]) == 1
+    assert f"--prefix-file {prefixes}: fewer prefixes than input lines: none for line 2" in capsys.readouterr().err
+    prefixes.write_text("a\nb\nc\nd\n")
+    assert main(["translate", "--model", str(toy_run), "-i", str(src), "--prefix-file", str(prefixes)]) == 1
+    assert "more prefixes than input lines (3)" in capsys.readouterr().err
+    missing = tmp_path / "none.txt"
+    assert main(["translate", "--model", str(toy_run), "-i", str(src), "--prefix-file", str(missing)]) == 1
+    assert f"--prefix-file {missing}: No such file or directory" in capsys.readouterr().err

@@ -233,7 +233,7 @@ def test_the_explorer_page_carries_every_heads_steps(toy_run, tmp_path):
     page = tmp_path / "a.html"
     assert main(["attention", "--model", str(toy_run), "--src", "the big dog", "--html", str(page)]) == 0
     html = page.read_text()
-    data = re.search(r"const DATA = (.*);\n", html).group(1)
+    data = re.search(r'renderExplorer\(document.getElementById\("explorer"\), (.*)\);\n', html).group(1)
     import json
 
     data = json.loads(data.replace("<\\/", "</"))
@@ -244,4 +244,6 @@ def test_the_explorer_page_carries_every_heads_steps(toy_run, tmp_path):
         assert len(steps["layers"][0]) == model.cfg.n_heads
         q = steps["layers"][0][0]["q"]
         assert q["shape"] == [len(steps["rows"]), model.cfg.d_model // model.cfg.n_heads]
+        n_layers = model.cfg.enc_layers if kind == "encoder" else model.cfg.dec_layers
+        assert len(data[kind]["stats"]) == n_layers * model.cfg.n_heads  # the per-head table
     assert "function renderSteps" in html

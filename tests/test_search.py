@@ -169,3 +169,46 @@ def test_search_with_block_selection_equals_plain_topk(monkeypatch):
     monkeypatch.setattr(mt.search, "top_k", lambda x, k: x.topk(k, dim=1))
     monkeypatch.setattr(mt.search, "arg_max", lambda x: x.max(dim=1))
     assert (beam_search(m, src, S, beam=5, n_best=3), greedy_search(m, src, S)) == fast
+
+
+def uncached_forced_greedy(model, row, prefix):
+    """Greedy decoding of one source that takes ``prefix`` first, re-running the whole target each step."""
+    row = row[row != PAD][None]
+    enc = model.encode(row)
+    ys = [BOS]
+    limit = max(int(S.max_len_a * row.size(1) + S.max_len_b), len(prefix) + 1)
+    for step in range(limit):
+        logits = model.decode(torch.tensor([ys]), enc).logits[0, -1]
+        logits[[PAD, BOS]] = -math.inf
+        nxt = prefix[step] if step < len(prefix) else EOS if step + 1 >= limit else int(logits.argmax())
+        if nxt == EOS:
+            break
+        ys.append(nxt)
+    return ys[1:]
+
+
+def test_greedy_with_prefixes_continues_from_them(model):
+    src = sources(6, seed=4)
+    prefixes = [[5, 6], [], [7], [8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19], [], [20]]  # one past the limit
+    hyps = greedy_search(model, src, S, prefixes=prefixes)
+    for h, row, prefix in zip(hyps, src, prefixes):
+        assert h.tokens[: len(prefix)] == prefix
+        assert h.tokens == uncached_forced_greedy(model, row, prefix)
+    plain = greedy_search(model, src, S)
+    own = [h.tokens[:2] for h in plain]  # the model's own first tokens as prefixes: the same outputs
+    assert [h.tokens for h in greedy_search(model, src, S, prefixes=own)] == [h.tokens for h in plain]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_beam_with_prefixes_keeps_them_in_every_hypothesis(model, beam):
+    src = sources(5, seed=6)
+    prefixes = [[5, 6, 7], [], [9], [], [10, 11]]
+    nbest = beam_search(model, src, S, beam=beam, n_best=beam, prefixes=prefixes)
+    for hyps, prefix, row in zip(nbest, prefixes, src):
+        assert len(hyps) == beam and all(h.tokens[: len(prefix)] == prefix for h in hyps)
+        assert all(math.isfinite(h.score) for h in hyps)
+        alone = beam_search(model, row[row != PAD][None], S, beam=beam, n_best=beam, prefixes=[prefix])[0]
+        assert [h.tokens for h in hyps] == [h.tokens for h in alone]  # batched as alone
+    if beam == 1:
+        greedy = greedy_search(model, src, S, prefixes=prefixes)
+        assert [h[0].tokens for h in nbest] == [h.tokens for h in greedy]

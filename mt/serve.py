@@ -1,0 +1,450 @@
+"""``mt serve``: translation and attention over HTTP, and a page to use them.
+
+Built on FastAPI over uvicorn: the standard ASGI pair of the Python web
+world. FastAPI declares each endpoint's body once, as a typed model that
+validates requests and documents them at ``/docs`` (OpenAPI); uvicorn serves
+it and stops gracefully on SIGINT and SIGTERM (no new connections, the
+requests in flight answered, then exit 0).
+
+Requests that arrive together are decoded together: a ``Batcher`` gathers
+sentences (up to ``max_batch``, waiting at most ``max_wait_ms`` after the
+first) with the same search options into one batch, and decodes batches on
+worker threads, off the event loop, so the server answers ``/healthz`` while
+it decodes. A translation is the same as ``mt translate``'s with the same
+options.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import math
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, NamedTuple
+
+import torch
+import yaml
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+from starlette.exceptions import HTTPException
+
+from mt.inference import Translator
+from mt.inspection import KINDS, force_decode, head_table, translate_with_attention
+from mt.model import Transformer
+from mt.plotting import _web, explorer_data
+from mt.tokenizer import Tokenizer
+
+
+@dataclass
+class Limits:
+    """What one request may ask for."""
+
+    max_lines: int = 64  #: sentences per request
+    max_chars: int = 1000  #: characters per sentence (and per prefix)
+    max_beam: int = 16
+    max_attention_chars: int = 300  #: the attention endpoint draws one sentence
+
+
+class Options(NamedTuple):
+    """Search options: sentences with the same ones share a batch."""
+
+    beam: int
+    alpha: float
+    n_best: int
+
+
+class _Job(NamedTuple):
+    line: str
+    prefix: str
+    options: Options
+    future: asyncio.Future
+    arrived: float
+
+
+class Batcher:
+    """Gathers sentences from concurrent requests into batches and decodes
+    them on ``workers`` threads, each with an equal share of PyTorch's threads."""
+
+    def __init__(self, translator: Translator, max_batch: int = 64, max_wait_ms: float = 10.0, workers: int = 1):
+        self.translator = translator
+        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000
+        self.workers = workers
+        threads = max(1, torch.get_num_threads() // workers)
+        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="mt-serve", initializer=torch.set_num_threads,
+                                       initargs=(threads,))  # fmt: skip
+        self.pending: list[_Job] = []
+        self.arrival = asyncio.Event()
+        self.slots = asyncio.Semaphore(workers)
+        self.task: asyncio.Task | None = None
+        self.batches = 0  # decoded so far (for the tests and /v1/model)
+
+    async def translate(self, lines: list[str], prefixes: list[str], options: Options) -> list:
+        """Per line its n-best (translation, score), when its batch has been decoded."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        jobs = [_Job(line, prefix, options, loop.create_future(), now) for line, prefix in zip(lines, prefixes)]
+        self.pending.extend(jobs)
+        self.arrival.set()
+        return await asyncio.gather(*(job.future for job in jobs))
+
+    def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._gather())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self.pool.shutdown(wait=True)
+
+    async def _gather(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self.pending:
+                self.arrival.clear()
+                await self.arrival.wait()
+            await self.slots.acquire()  # a free worker: whatever arrives meanwhile joins the batch
+            deadline = self.pending[0].arrived + self.max_wait
+            while len(self.pending) < self.max_batch and loop.time() < deadline:
+                self.arrival.clear()
+                try:
+                    await asyncio.wait_for(self.arrival.wait(), deadline - loop.time())
+                except TimeoutError:
+                    break
+            options = self.pending[0].options
+            batch = [job for job in self.pending if job.options == options][: self.max_batch]
+            taken = set(map(id, batch))
+            self.pending = [job for job in self.pending if id(job) not in taken]
+            loop.create_task(self._decode(batch, options))
+
+    async def _decode(self, batch: list[_Job], options: Options) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            live = [job for job in batch if not job.future.done()]  # a client that left is not decoded
+            if live:
+                results = await loop.run_in_executor(self.pool, self._translate, live, options)
+                for job, result in zip(live, results):
+                    if not job.future.done():
+                        job.future.set_result(result)
+            self.batches += 1
+        except Exception as e:  # noqa: BLE001 - every waiting request gets the error, the loop goes on
+            for job in batch:
+                if not job.future.done():
+                    job.future.set_exception(e)
+        finally:
+            self.slots.release()
+
+    def _translate(self, jobs: list[_Job], options: Options) -> list:
+        t = copy.copy(self.translator)  # the batch's own options; the model is shared
+        t.beam, t.alpha = options.beam, options.alpha
+        prefixes = [job.prefix for job in jobs]
+        return t.translate_nbest([job.line for job in jobs], 1, options.n_best, prefixes if any(prefixes) else None)
+
+
+# The request bodies. Strict types: a number is not a sentence, "5" is not a beam.
+Text = Annotated[StrictStr, Field(description="a sentence")]
+
+
+class TranslateRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: Text | list[Text] = Field(description="one sentence, or a list of them")
+    beam: StrictInt | None = Field(None, description="beam size (default: the server's --beam); 1 = greedy")
+    alpha: StrictFloat | StrictInt | None = Field(None, description="length penalty: score / length**alpha")
+    n_best: StrictInt = Field(1, description="hypotheses per sentence, at most the beam")
+    scores: bool = Field(False, description="include each translation's score")
+    prefix: Text | list[Text] | None = Field(
+        None, description="the start of the translation (one per sentence, '' for none); the search continues from it"
+    )
+
+
+class AttentionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: Text = Field(description="a sentence")
+    target: Text | None = Field(None, description="a translation to force-decode (default: the greedy translation)")
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Service:
+    """What the endpoints share: the translator, the batcher, the model to look inside."""
+
+    translator: Translator
+    inspect_model: Transformer  # the textbook model (mt.inference.load(..., fast=False))
+    tok: Tokenizer
+    info: dict
+    limits: Limits = field(default_factory=Limits)
+    max_batch: int = 64
+    max_wait_ms: float = 10.0
+    workers: int = 1
+    batcher: Batcher | None = None
+    inspect_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "mt-attention"))
+
+
+def model_info(run_dir: Path, model: Transformer, meta: dict, members: int) -> dict:
+    """What ``GET /v1/model`` says: languages, sizes, parameters, vocabulary, recorded test scores."""
+    cfg = model.cfg
+    info = {
+        "run": run_dir.name,
+        "ensemble_members": members,
+        "parameters": model.num_parameters(),
+        "d_model": cfg.d_model, "n_heads": cfg.n_heads, "enc_layers": cfg.enc_layers, "dec_layers": cfg.dec_layers,
+        "d_ff": cfg.d_ff, "src_vocab_size": cfg.src_vocab_size, "tgt_vocab_size": cfg.tgt_vocab_size,
+        "max_positions": cfg.max_positions, "source": meta.get("source"),
+    }  # fmt: skip
+    try:
+        data = (yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("data", {})
+        info["src_lang"], info["tgt_lang"] = data.get("src_lang"), data.get("tgt_lang")
+    except (OSError, yaml.YAMLError, AttributeError):
+        info["src_lang"] = info["tgt_lang"] = None
+    scores = []
+    for path in sorted((run_dir / "eval").glob("*.json")):
+        try:
+            r = json.loads(path.read_text())
+            scores.append({k: r.get(k) for k in ("test_set", "beam", "bleu", "paper_bleu", "chrf", "dtype")})
+        except (OSError, json.JSONDecodeError, AttributeError):
+            continue
+    info["test_scores"] = scores
+    return info
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _validation_message(exc: RequestValidationError) -> str:
+    parts = []
+    example = 'a JSON object such as {"text": "A man rides a bike."}'
+    for err in exc.errors():
+        where = ".".join(str(x) for x in err.get("loc", ()) if x != "body") or "body"
+        if err.get("type") == "json_invalid":
+            return "the body is not valid JSON"
+        if where == "body":
+            return f"the body is empty: send {example}" if err.get("type") == "missing" else f"send {example}"
+        parts.append(f"{where}: {err.get('msg', 'invalid')}")
+    return "; ".join(dict.fromkeys(parts)) or "invalid request"
+
+
+def create_app(service: Service) -> FastAPI:
+    """The application: the API under /v1, /healthz, and the page at /."""
+
+    async def lifespan(app: FastAPI):
+        service.batcher = Batcher(service.translator, service.max_batch, service.max_wait_ms, service.workers)
+        service.batcher.start()
+        yield
+        await service.batcher.stop()
+        service.inspect_pool.shutdown(wait=True)
+
+    app = FastAPI(
+        title="mt",
+        summary="Transformer translation: translate, look inside the attention",
+        lifespan=lifespan,
+    )
+
+    @app.middleware("http")
+    async def json_bodies(request: Request, call_next):
+        """A POST body is JSON whatever its Content-Type says (curl -d sends a form type);
+        invalid UTF-8 in it is a 400 that says so, before any parsing."""
+        if request.method == "POST":
+            body = await request.body()
+            try:
+                body.decode("utf-8")
+            except UnicodeDecodeError as e:
+                return _error(400, f"the body is not valid UTF-8 (byte {e.start})")
+            headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
+            request.scope["headers"] = [*headers, (b"content-type", b"application/json")]
+        return await call_next(request)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, exc: RequestValidationError):
+        message = _validation_message(exc)
+        return _error(400 if message == "the body is not valid JSON" else 422, message)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_, exc: HTTPException):
+        return _error(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_, exc: BadRequest):
+        return _error(exc.status, str(exc))
+
+    @app.exception_handler(Exception)
+    async def unexpected(_, exc: Exception):  # never a traceback to the client; the server keeps serving
+        return _error(500, f"internal error: {type(exc).__name__}")
+
+    @app.get("/healthz", summary="Liveness: answers while the server decodes")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/v1/model", summary="The model: languages, sizes, parameters, vocabulary, recorded test scores")
+    async def model() -> dict:
+        return {**service.info, "beam": service.translator.beam, "limits": service.limits.__dict__}
+
+    @app.post("/v1/translate", summary="Translate one sentence or a list, in order")
+    async def translate(req: TranslateRequest) -> dict:
+        lines, prefixes, options = _check_translate(req, service)
+        results = await service.batcher.translate(lines, prefixes, options)
+        out = []
+        for nbest in results:
+            item = {"text": nbest[0][0]}
+            if req.scores:
+                item["score"] = round(nbest[0][1], 6)
+            if options.n_best > 1:
+                item["n_best"] = [{"text": text, "score": round(score, 6)} for text, score in nbest]
+            out.append(item)
+        return {"translations": out}
+
+    @app.post("/v1/attention", summary="Tokens and every kind, layer and head's attention weights for a sentence")
+    async def attention(req: AttentionRequest) -> dict:
+        text = req.text.strip()
+        if not text:
+            raise BadRequest("text is empty")
+        if len(text) > service.limits.max_attention_chars:
+            raise BadRequest(f"text has {len(text)} characters; the attention endpoint takes at most "
+                             f"{service.limits.max_attention_chars}")  # fmt: skip
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(service.inspect_pool, _attention, service, text, req.target)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> str:
+        return _web("serve.html")
+
+    @app.get("/static/{name}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        types = {".js": "text/javascript", ".css": "text/css"}
+        suffix = Path(name).suffix
+        if name not in ("steps.js", "explorer.js", "attention.css", "serve.js", "serve.css") or suffix not in types:
+            raise HTTPException(404, f"no such file: {name}")
+        return Response(_web(name), media_type=types[suffix] + "; charset=utf-8")
+
+    return app
+
+
+def _check_translate(req: TranslateRequest, service: Service) -> tuple[list[str], list[str], Options]:
+    limits = service.limits
+    single = isinstance(req.text, str)
+    lines = [req.text] if single else list(req.text)
+    if not lines:
+        raise BadRequest("text is an empty list")
+    if len(lines) > limits.max_lines:
+        raise BadRequest(f"text has {len(lines)} sentences; at most {limits.max_lines} per request", 413)
+    for n, line in enumerate(lines):
+        where = "text" if single else f"text[{n}]"
+        if not line.strip():
+            raise BadRequest(f"{where} is empty")
+        if len(line) > limits.max_chars:
+            raise BadRequest(f"{where} has {len(line)} characters; at most {limits.max_chars}", 413)
+        if "\n" in line or "\r" in line:
+            raise BadRequest(f"{where} spans several lines; send them as a list")
+    if req.prefix is None:
+        prefixes = [""] * len(lines)
+    elif isinstance(req.prefix, str) != single or (not single and len(req.prefix) != len(lines)):
+        raise BadRequest(f"prefix must be {'a string' if single else f'a list of {len(lines)} strings'}, as text is")
+    else:
+        prefixes = [req.prefix] if single else list(req.prefix)
+        for n, p in enumerate(prefixes):
+            if len(p) > limits.max_chars:
+                raise BadRequest(
+                    f"prefix{'' if single else f'[{n}]'} has {len(p)} characters; at most {limits.max_chars}"
+                )
+    beam = service.translator.beam if req.beam is None else req.beam
+    if not 1 <= beam <= limits.max_beam:
+        raise BadRequest(f"beam must be between 1 and {limits.max_beam}, got {beam}")
+    if not 1 <= req.n_best <= beam:
+        raise BadRequest(f"n_best must be between 1 and the beam ({beam}), got {req.n_best}")
+    alpha = service.translator.alpha if req.alpha is None else float(req.alpha)
+    if not 0 <= alpha < math.inf:
+        raise BadRequest(f"alpha must be a number >= 0, got {alpha}")
+    try:
+        service.translator.encode_prefixes(prefixes)
+    except ValueError as e:
+        raise BadRequest(str(e)) from None
+    return lines, prefixes, Options(beam, alpha, req.n_best)
+
+
+def _attention(service: Service, text: str, target: str | None) -> dict:
+    """``mt attention``'s capture for one sentence, as the page's explorer draws it."""
+    from mt.attention_cli import explorer_steps
+
+    model, tok = service.inspect_model, service.tok
+    limit = model.cfg.max_positions
+    src_ids = tok.encode_src([text])[0][: limit - 1]
+    if src_ids[-1] != tok.eos_id:
+        src_ids.append(tok.eos_id)
+    if target is not None and target.strip():
+        tgt_ids = tok.encode_tgt([target])[0][: limit - 2]
+    else:
+        tgt_ids, _ = translate_with_attention(model, tok, src_ids, min(2 * len(src_ids) + 10, limit - 1))
+    maps = force_decode(model, tok, src_ids, tgt_ids)
+    kinds = {k: (*maps.axes(k), maps.layers(k)) for k in KINDS}
+    steps = explorer_steps(model, tok, src_ids, tgt_ids, 1.0)
+    stats = {k: head_table(maps, k) for k in KINDS}
+    return {
+        "source_tokens": maps.src_tokens,
+        "target_tokens": maps.tgt_outputs,
+        "target": tok.decode_tgt([tgt_ids])[0],
+        "kinds": explorer_data(kinds, steps, stats),
+    }
+
+
+def run(args) -> None:
+    """``mt serve``: load the model(s) and serve until SIGINT or SIGTERM."""
+    import uvicorn
+
+    from mt.cli import _translator  # the same loading, options and checks as mt translate
+    from mt.errors import MTError
+    from mt.inference import load
+
+    if args.max_batch < 1 or args.max_wait_ms < 0:
+        raise MTError("--max-batch must be at least 1 and --max-wait-ms at least 0")
+    if not 0 < args.port < 65536:
+        raise MTError(f"--port must be between 1 and 65535, got {args.port}")
+    translator, meta = _translator(args)
+    workers = translator.workers
+    translator.workers = 1  # the batcher runs `workers` batches at once, each on one thread's share
+    inspect_model, tok, _ = load(args.model[0], fast=False)
+    service = Service(
+        translator, inspect_model, tok, model_info(Path(args.model[0]), inspect_model, meta, len(args.model)),
+        Limits(max_lines=args.max_lines, max_chars=args.max_chars), args.max_batch, args.max_wait_ms, workers,
+    )  # fmt: skip
+    config = uvicorn.Config(create_app(service), host=args.host, port=args.port, log_level="warning",
+                            timeout_graceful_shutdown=30)  # fmt: skip
+    server = _Server(config)
+    print(f"mt serve: {args.model[0]} on http://{args.host}:{args.port}/ (API docs at /docs)", flush=True)
+    started = time.monotonic()
+    server.run()
+    if not server.started:
+        raise MTError(f"could not serve on {args.host}:{args.port} (is the port in use?)")
+    print(f"mt serve: stopped after {time.monotonic() - started:.0f} s", flush=True)
+
+
+class _Server:
+    """uvicorn's server, where SIGINT or SIGTERM is the normal end: it stops accepting,
+    answers the requests in flight, and the command exits 0 (uvicorn alone re-raises
+    the signal once it has stopped, which would end the process by that signal)."""
+
+    def __new__(cls, config):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            @contextlib.contextmanager
+            def capture_signals(self):
+                handled = (signal.SIGINT, signal.SIGTERM)
+                original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+                try:
+                    yield
+                finally:
+                    for sig, handler in original.items():
+                        signal.signal(sig, handler)
+
+        return Server(config)

@@ -1,0 +1,153 @@
+"""mt serve under load, beside mt translate's throughput on the same sentences.
+
+    python scripts/bench_serve.py --model runs/multi30k_cpu [--clients 1 8 32] [--seconds 30] [--beam 5]
+
+Translates the sentences offline first (``mt translate``'s Translator, the same
+options), then starts ``mt serve`` on loopback and, for each client count, runs
+that many concurrent clients for a bounded time, each sending one sentence per
+request (client i takes sentences i, i + C, ...). Reports sentences/s, p50/p99
+latency, errors, and answers that differ from the offline translation. A
+benchmark, not a test: the figures depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import http.client
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "shared/data/multi30k/raw/test_2016_flickr.en.gz"
+
+
+def read_lines(path: Path, n: int) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [line.strip() for _, line in zip(range(n), f) if line.strip()]
+
+
+def offline(model: str, lines: list[str], beam: int) -> tuple[list[str], float]:
+    """mt translate's translations of ``lines`` and its sentences/s (model loading excluded)."""
+    from mt.allocator import keep_freed_memory
+    from mt.inference import Translator, load
+
+    keep_freed_memory()
+    m, tok, _ = load(model)
+    translator = Translator(m, tok, beam=beam)
+    translator.translate(lines[:32])  # warm up, as the server is by its first requests
+    start = time.perf_counter()
+    out = translator.translate(lines)
+    return out, len(lines) / (time.perf_counter() - start)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load_test(port: int, lines: list[str], want: list[str], clients: int, seconds: float, beam: int) -> dict:
+    latencies: list[float] = []
+    errors = mismatches = 0
+    lock = threading.Lock()
+    stop_at = time.perf_counter() + seconds
+
+    def client(i: int) -> None:
+        nonlocal errors, mismatches
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        for n in range(i, len(lines), clients):
+            if time.perf_counter() > stop_at:
+                break
+            body = json.dumps({"text": lines[n], "beam": beam})
+            t0 = time.perf_counter()
+            try:
+                conn.request("POST", "/v1/translate", body, {"Content-Type": "application/json"})
+                r = conn.getresponse()
+                reply = json.loads(r.read())
+                ok = r.status == 200
+            except (OSError, ValueError, http.client.HTTPException):
+                ok, reply = False, None
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            elapsed = time.perf_counter() - t0
+            with lock:
+                if not ok:
+                    errors += 1
+                    continue
+                latencies.append(elapsed)
+                mismatches += reply["translations"][0]["text"] != want[n]
+        conn.close()
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    latencies.sort()
+    return {
+        "clients": clients,
+        "sentences": len(latencies),
+        "sentences_per_s": len(latencies) / wall,
+        "p50_ms": 1000 * statistics.median(latencies) if latencies else float("nan"),
+        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("nan"),
+        "errors": errors,
+        "mismatches": mismatches,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", required=True, help="run directory")
+    p.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="sentences, one per line (.gz or plain)")
+    p.add_argument("--sentences", type=int, default=1000)
+    p.add_argument("--clients", type=int, nargs="+", default=[1, 8, 32])
+    p.add_argument("--seconds", type=float, default=30.0, help="per client count (default 30)")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--max-wait-ms", type=float, default=10.0)
+    args = p.parse_args()
+
+    lines = read_lines(args.source, args.sentences)
+    want, offline_rate = offline(args.model, lines, args.beam)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mt", "serve", "--model", args.model, "--port", str(port), "--beam", str(args.beam),
+         "--max-wait-ms", str(args.max_wait_ms)],
+        stdout=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    sys.exit("mt serve did not start")
+                time.sleep(0.2)
+        load_test(port, lines[:64], want[:64], 4, 5, args.beam)  # warm up
+        results = [load_test(port, lines, want, c, args.seconds, args.beam) for c in args.clients]
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait()
+    print(f"mt translate (offline, same sentences, beam {args.beam}): {offline_rate:.1f} sentences/s")
+    print("| clients | sentences | sentences/s | × offline | p50 ms | p99 ms | errors | differ from offline |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['clients']} | {r['sentences']} | {r['sentences_per_s']:.1f} | "
+              f"{r['sentences_per_s'] / offline_rate:.2f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
+              f"{r['errors']} | {r['mismatches']} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
