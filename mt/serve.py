@@ -7,8 +7,9 @@ it and stops gracefully on SIGINT and SIGTERM (no new connections, the
 requests in flight answered, then exit 0).
 
 Requests that arrive together are decoded together: a ``Batcher`` gathers
-sentences (up to ``max_batch``, waiting at most ``max_wait_ms`` after the
-first) with the same search options into one batch, and decodes batches on
+sentences (up to ``max_batch``, waiting at most ``max_wait_ms`` from when
+the first has arrived and a worker is free) with the same search options
+into one batch, and decodes batches on
 worker threads, off the event loop, so the server answers ``/healthz`` while
 it decodes. A translation is the same as ``mt translate``'s with the same
 options.
@@ -109,8 +110,11 @@ class Batcher:
             while not self.pending:
                 self.arrival.clear()
                 await self.arrival.wait()
-            await self.slots.acquire()  # a free worker: whatever arrives meanwhile joins the batch
-            deadline = self.pending[0].arrived + self.max_wait
+            await self.slots.acquire()
+            # the batch fills for up to max_wait once a worker is free, not only once a sentence
+            # arrives: under load the clients of the batch just answered are sending their next
+            # sentences, and a batch cut at once would take only those that came during the decode
+            deadline = max(self.pending[0].arrived, loop.time()) + self.max_wait
             while len(self.pending) < self.max_batch and loop.time() < deadline:
                 self.arrival.clear()
                 try:
@@ -355,7 +359,7 @@ def _check_translate(req: TranslateRequest, service: Service) -> tuple[list[str]
         for n, p in enumerate(prefixes):
             if len(p) > limits.max_chars:
                 raise BadRequest(
-                    f"prefix{'' if single else f'[{n}]'} has {len(p)} characters; at most {limits.max_chars}"
+                    f"prefix{'' if single else f'[{n}]'} has {len(p)} characters; at most {limits.max_chars}", 413
                 )
     beam = service.translator.beam if req.beam is None else req.beam
     if not 1 <= beam <= limits.max_beam:

@@ -16,8 +16,6 @@ import argparse
 import gzip
 import http.client
 import json
-import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -115,6 +113,7 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=30.0, help="per client count (default 30)")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--max-wait-ms", type=float, default=10.0)
+    p.add_argument("--workers", type=int, help="mt serve --workers (default: its own)")
     args = p.parse_args()
 
     lines = read_lines(args.source, args.sentences)
@@ -122,8 +121,8 @@ def main() -> None:
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "mt", "serve", "--model", args.model, "--port", str(port), "--beam", str(args.beam),
-         "--max-wait-ms", str(args.max_wait_ms)],
-        stdout=subprocess.DEVNULL, start_new_session=True,
+         "--max-wait-ms", str(args.max_wait_ms), *(["--workers", str(args.workers)] if args.workers else [])],
+        stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 300
@@ -138,7 +137,7 @@ def main() -> None:
         load_test(port, lines[:64], want[:64], 4, 5, args.beam)  # warm up
         results = [load_test(port, lines, want, c, args.seconds, args.beam) for c in args.clients]
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        server.terminate()  # mt serve stops gracefully on SIGTERM
         server.wait()
     print(f"mt translate (offline, same sentences, beam {args.beam}): {offline_rate:.1f} sentences/s")
     print("| clients | sentences | sentences/s | × offline | p50 ms | p99 ms | errors | differ from offline |")

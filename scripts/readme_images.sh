@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Remake the README's pictures from a trained Multi30k en-de run (default:
 # the main job's, runs/multi30k_cpu): the cross-attention map, the flow of
-# one attention head step by step, and validation BLEU against minutes.
+# one attention head step by step, validation BLEU against minutes, and the
+# page of mt serve.
 #
 #     bash scripts/readme_images.sh [RUN]
 set -euo pipefail
@@ -16,3 +17,5 @@ mt attention --model "$RUN" --src "A man rides a bike." --explain --kind decoder
     --layer 0 --head 3 --query 4 --out "$OUT/attention_flow.png" > /dev/null
 python scripts/plot_val_bleu.py "$RUN" --point "mt, test sacreBLEU (beam 5)=60.1:39.5" \
     --point "JoeyNMT 2.3, test sacreBLEU=25:18.7" --out "$OUT/val_bleu.png"
+# The page mt serve serves, in headless Chromium (needs the serve extra and chromium).
+python scripts/serve_screenshot.py --model "$RUN" --out "$OUT/serve.png"

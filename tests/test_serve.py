@@ -5,12 +5,13 @@ import asyncio
 import json
 import signal
 import socket
+import sys
 import threading
 import urllib.request
 
 import httpx
 import pytest
-from conftest import mt_cmd, wait_for
+from conftest import ROOT, mt_cmd, run_command, wait_for
 from fastapi.testclient import TestClient
 
 from mt.inference import Translator, load
@@ -128,6 +129,7 @@ def test_attention_is_what_mt_attention_captures(client, service):
         (b'{"text": "a", "colour": 1}', 422, "colour: Extra inputs are not permitted"),
         (b'{"text": ["a", "b"], "prefix": "x"}', 422, "prefix must be a list of 2 strings"),
         (json.dumps({"text": "a", "prefix": "x " * 300}).encode(), 422, "subword tokens, more than the model's"),
+        (json.dumps({"text": ["a"], "prefix": ["b" * 1001]}).encode(), 413, "prefix[0] has 1001 characters"),
     ],
 )
 def test_bad_requests_are_clear_4xx_and_the_server_keeps_serving(client, body, status, message):
@@ -211,3 +213,18 @@ def test_the_server_answers_health_while_decoding_and_stops_gracefully(toy_run, 
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
     assert "stopped after" in out and "Traceback" not in err
+
+
+def test_the_load_benchmark_gets_every_answer_equal_to_the_offline_translation(toy_run, tmp_path):
+    source = tmp_path / "sentences.txt"
+    source.write_text("\n".join(SENTENCES * 5) + "\n")
+    done = run_command([sys.executable, str(ROOT / "scripts" / "bench_serve.py"), "--model", str(toy_run),
+                        "--source", str(source), "--clients", "1", "4", "--seconds", "3", "--beam", "3"],
+                       timeout=600, check=True)  # fmt: skip
+    rows = [
+        line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ") and "clients" not in line
+    ]
+    assert [int(r[0]) for r in rows] == [1, 4], done.stdout
+    for _, sentences, rate, _, _, _, errors, differ in rows:
+        assert int(sentences) > 0 and float(rate) > 0
+        assert (int(errors), int(differ)) == (0, 0), done.stdout
