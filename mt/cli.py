@@ -12,6 +12,7 @@ import math
 import os
 import signal
 import sys
+from pathlib import Path
 
 from mt import __version__
 from mt.config import DECODING
@@ -161,18 +162,22 @@ def _translator(args):
     import torch
 
     from mt.allocator import keep_freed_memory
+    from mt.export import is_ct2_dir
     from mt.hardware import fast_bf16
     from mt.inference import Translator, decoding_dtype, load, load_ensemble
 
     _check_decoding_options(args)
     keep_freed_memory()  # a command that decodes and exits: reuse freed memory (mt/allocator.py)
+
+    def warn(msg: str) -> None:
+        print(f"mt: warning: {msg}", file=sys.stderr)
+
+    if any(is_ct2_dir(d) for d in args.model):
+        return _ct2_translator(args, warn)
     device = _device(args.device)
     model, tok, meta = load(args.model[0], device) if len(args.model) == 1 else load_ensemble(args.model, device)
     dtype = decoding_dtype(args.dtype, next(model.parameters()).device)
     model = model.to(dtype)
-
-    def warn(msg: str) -> None:
-        print(f"mt: warning: {msg}", file=sys.stderr)
 
     on_cpu = next(model.parameters()).device.type == "cpu"
     if dtype == torch.bfloat16 and on_cpu and not fast_bf16():
@@ -186,6 +191,20 @@ def _translator(args):
         workers=args.workers,
     )  # fmt: skip
     return t, meta
+
+
+def _ct2_translator(args, warn):
+    """A CTranslate2 export (``mt export --to ct2``), decoded by CTranslate2 on the CPU."""
+    from mt.export import CT2Translator
+
+    if len(args.model) > 1:
+        raise MTError("--model: a CTranslate2 export decodes alone, not in an ensemble")
+    if args.device not in ("auto", "cpu"):
+        raise MTError(f"--device {args.device}: mt decodes CTranslate2 exports on the CPU")
+    compute_type = {"auto": "default"}.get(args.dtype, args.dtype)
+    t = CT2Translator(args.model[0], args.beam, args.alpha, args.batch_size, args.max_len_a, args.max_len_b,
+                      compute_type, warn)  # fmt: skip
+    return t, t.info
 
 
 def _add_translate(sub) -> None:
@@ -359,6 +378,42 @@ def _run_attention(args) -> None:
     run(args)
 
 
+def _add_export(sub) -> None:
+    from mt.export import QUANTIZATIONS
+
+    p = sub.add_parser(
+        "export",
+        help="export a trained model to CTranslate2",
+        description="Write a CTranslate2 model directory (the weights, the sentencepiece model(s) and a README "
+        "saying how to run it), then translate a few sentences greedily with both engines and report whether "
+        "they agree. Needs the export extra: pip install -e '.[export]'.",
+    )
+    p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory to export")
+    p.add_argument("--to", required=True, choices=["ct2"], help="the format: ct2 (CTranslate2)")
+    p.add_argument("out", help="output directory (written as OUT.partial, renamed when complete)")
+    p.add_argument(
+        "--quantization",
+        default="none",
+        choices=QUANTIZATIONS,
+        help="the weights' type in the export (default none: float32, exact); int8 also shrinks the file 4x",
+    )
+    p.add_argument("--force", action="store_true", help="replace OUT if it is an earlier CTranslate2 export")
+
+
+def _run_export(args) -> None:
+    from mt.export import export_ct2
+
+    check = export_ct2(Path(args.model), Path(args.out), args.quantization, args.force)
+    print(f"exported {args.model} to {args.out} (CTranslate2, quantization {args.quantization})")
+    expected = (
+        "float32 weights: they should all be" if args.quantization == "none" else "quantized weights: some may differ"
+    )
+    print(f"check: {check['same']} of {check['sentences']} greedy translations the same as mt's ({expected})")
+    if check["first_difference"]:
+        source, ours, theirs = check["first_difference"]
+        print(f"  first difference, {source!r}:\n    mt:          {ours}\n    CTranslate2: {theirs}")
+
+
 COMMANDS = {
     "prepare": (_add_prepare, _run_prepare),
     "train": (_add_train, _run_train),
@@ -367,6 +422,7 @@ COMMANDS = {
     "evaluate": (_add_evaluate, _run_evaluate),
     "attention": (_add_attention, _run_attention),
     "serve": (_add_serve, _run_serve),
+    "export": (_add_export, _run_export),
 }
 
 

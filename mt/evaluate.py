@@ -107,7 +107,7 @@ def evaluate(
     start = time.perf_counter()
     hyps = translator.translate(sources)
     seconds = time.perf_counter() - start
-    dtype = str(next(translator.model.parameters()).dtype).removeprefix("torch.")
+    dtype = translator.dtype_name
     scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, "alpha": translator.alpha}
     # the speed of this run (tokenizing and decoding, on whatever else the machine was doing)
     scores |= {"workers": translator.workers, "decode_seconds": round(seconds, 3)}

@@ -57,6 +57,8 @@ def load(
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise ModelDirError(f"{run_dir}: model directory does not exist")
+    if (run_dir / "mt_export.json").exists():
+        raise ModelDirError(f"{run_dir}: a CTranslate2 export (mt export); this needs the mt run it was exported from")
     for name in (MODEL_JSON, WEIGHTS):
         if not (run_dir / name).exists():
             raise ModelDirError(f"{run_dir}: incomplete model directory, {name} missing (has training finished?)")
@@ -170,6 +172,11 @@ class Translator:
         self.workers = decoding_workers(workers, self.device)
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
+
+    @property
+    def dtype_name(self) -> str:
+        """The type decoding computes in, for reports: float32, bfloat16."""
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
         ids = self.tok.encode_src(lines)

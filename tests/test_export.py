@@ -1,0 +1,164 @@
+"""mt export --to ct2: every architecture option exports exactly (CTranslate2 scores
+a target as mt does), translations agree, and the commands use an export."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+ctranslate2 = pytest.importorskip("ctranslate2", reason="the export extra: pip install -e '.[export]'")
+
+from conftest import mt_cmd, run_command  # noqa: E402
+
+from mt.cli import main  # noqa: E402
+from mt.config import ModelConfig  # noqa: E402
+from mt.errors import MTError  # noqa: E402
+from mt.export import CT2Translator, ct2_spec, export_ct2  # noqa: E402
+from mt.inference import Translator, export_model, load  # noqa: E402
+from mt.model import Transformer  # noqa: E402
+
+SENTENCES = ["the big dog sees a red bird", "a cat runs", "the small bird sees the big cat", "dogs run", ""]
+
+
+@pytest.fixture(scope="module")
+def exported(toy_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ct2") / "toy_ct2"
+    check = export_ct2(toy_run, out)
+    return out, check
+
+
+def test_the_export_translates_as_mt_does(toy_run, exported, toy_test_lines):
+    out, check = exported
+    assert check["same"] == check["sentences"] and check["first_difference"] is None
+    model, tok, _ = load(toy_run)
+    lines = toy_test_lines + SENTENCES
+    for beam in (1, 5):
+        ours = Translator(model, tok, beam=beam, workers=1).translate(lines)
+        theirs = CT2Translator(out, beam=beam).translate(lines)
+        assert theirs == ours, [(a, b) for a, b in zip(ours, theirs) if a != b][:3]
+    assert theirs[-1] == ""  # an empty line stays empty
+    for name in ("model.bin", "README.md", "mt_export.json", "config.yaml", "spm.model"):
+        assert (out / name).exists(), name
+    assert not out.with_name(out.name + ".partial").exists()
+
+
+@pytest.fixture(scope="module")
+def toy_test_lines(toy_data):
+    from mt.data import Split
+
+    return Split(toy_data / "test").src_text[:40]
+
+
+def _perturbed(cfg: ModelConfig, seed: int = 0) -> Transformer:
+    """A model with every parameter moved off its initial value (layer norms too, so that
+    a swapped or missing gain or bias shows)."""
+    torch.manual_seed(seed)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize(
+    "option",
+    [
+        {},
+        {"norm_first": False},
+        {"positional": "learned"},
+        {"activation": "gelu"},
+        {"share_embeddings": False},
+        {"tie_output": False},
+        {"share_embeddings": False, "tie_output": False, "norm_first": False, "activation": "gelu"},
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default",
+)
+def test_every_architecture_option_exports_exactly(toy_run, tmp_path, option):
+    """CTranslate2's log-probability of each target token, given the source and the
+    tokens before it, equals mt's (forward pass of the textbook model) to 1e-4."""
+    _, tok, meta = load(toy_run, fast=False)
+    base = meta["model"] | {"d_model": 32, "n_heads": 4, "enc_layers": 2, "dec_layers": 3, "d_ff": 48}
+    cfg = ModelConfig(**(base | option))
+    model = _perturbed(cfg)
+    run = tmp_path / "run"
+    run.mkdir()
+    export_model(model, toy_run, run)
+    out = tmp_path / "ct2"
+    export_ct2(run, out)
+
+    src = tok.encode_src(["the big dog sees a red bird", "a cat runs"])
+    tgt = tok.encode_tgt(["der große hund sieht einen roten vogel", "eine katze läuft"])
+    scored = ctranslate2.Translator(str(out)).score_batch(
+        [tok.src_pieces(s[:-1]) for s in src], [tok.tgt_pieces(t) for t in tgt]
+    )
+    for s, t, result in zip(src, tgt, scored):
+        with torch.no_grad():
+            inp = torch.tensor([[tok.bos_id, *t]])
+            logits = model(torch.tensor([s]), inp)
+        logp = torch.log_softmax(logits[0].float(), -1)
+        ours = [float(logp[i, tok_id]) for i, tok_id in enumerate([*t, tok.eos_id])]
+        assert result.tokens == [*tok.tgt_pieces(t), "</s>"]
+        np.testing.assert_allclose(result.log_probs, ours, atol=1e-4, rtol=0)
+
+
+def test_an_option_ctranslate2_cannot_express_is_refused_by_name(toy_run):
+    model, tok, _ = load(toy_run, fast=False)
+    model.cfg.activation = "swish"  # past the config's own check, as a future option would be
+    with pytest.raises(MTError, match="model.activation='swish'"):
+        ct2_spec(model, tok)
+
+
+def test_export_command_and_the_commands_that_decode_an_export(toy_run, exported, tmp_path, capsys):
+    out, _ = exported
+    target = tmp_path / "again"
+    assert main(["export", "--model", str(toy_run), "--to", "ct2", str(target), "--quantization", "int8"]) == 0
+    printed = capsys.readouterr().out
+    assert "greedy translations the same as mt's" in printed
+    assert json.loads((target / "mt_export.json").read_text())["quantization"] == "int8"
+    assert main(["export", "--model", str(toy_run), "--to", "ct2", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert "already exists" in err and "--force" in err
+    assert main(["export", "--model", str(toy_run), "--to", "ct2", str(target), "--force"]) == 0
+    assert json.loads((target / "mt_export.json").read_text())["quantization"] == "none"
+    (tmp_path / "mine").mkdir()
+    assert main(["export", "--model", str(toy_run), "--to", "ct2", str(tmp_path / "mine"), "--force"]) == 1
+    assert "not one of ours" in capsys.readouterr().err  # --force never deletes a directory it did not write
+
+    src = tmp_path / "in.txt"
+    src.write_text("\n".join(SENTENCES) + "\n")
+    ours, theirs = (
+        run_command(mt_cmd("translate", "--model", str(run), "-i", str(src), "--beam", "1"), check=True).stdout
+        for run in (toy_run, out)
+    )
+    assert theirs == ours and len(ours.splitlines()) == len(SENTENCES)
+    ours, theirs = (
+        run_command(mt_cmd("translate", "--model", str(run), "-i", str(src), "--n-best", "2"), check=True).stdout
+        for run in (toy_run, out)
+    )
+    # the same texts; the scores are each engine's own (the exactness of the arithmetic is
+    # test_every_architecture_option_exports_exactly's)
+    assert [x.split(" ||| ")[:2] for x in theirs.splitlines()] == [x.split(" ||| ")[:2] for x in ours.splitlines()]
+    assert len(ours.splitlines()) == 2 * len(SENTENCES)
+
+    assert main(["evaluate", "--model", str(out), "--split", "test", "--json"]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    assert scores["dtype"] == "ct2-float32" and scores["bleu"] > 80
+
+    prefixes = tmp_path / "prefixes.txt"
+    prefixes.write_text("der\n" * len(SENTENCES))
+    assert main(["translate", "--model", str(out), "-i", str(src), "--prefix-file", str(prefixes)]) == 1
+    assert "prefixes (--prefix-file) need an mt run directory" in capsys.readouterr().err
+    assert main(["translate", "--model", str(out), str(toy_run), "-i", str(src)]) == 1
+    assert "not in an ensemble" in capsys.readouterr().err
+    assert main(["attention", "--model", str(out), "--src", "a cat runs", "--stats"]) == 1
+    assert "a CTranslate2 export" in capsys.readouterr().err
+
+
+def test_without_ctranslate2_the_command_says_how_to_install_it(toy_run, tmp_path, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # import fails as if not installed
+    assert main(["export", "--model", str(toy_run), "--to", "ct2", str(tmp_path / "out")]) == 1
+    assert "pip install -e '.[export]'" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
