@@ -135,11 +135,12 @@ def _add_decoding_options(p) -> None:
     )
     p.add_argument(
         "--dtype",
-        choices=["auto", "float32", "bfloat16"],
+        choices=["auto", "float32", "bfloat16", "int8"],
         default=d.dtype,
         help="weights and activations while decoding: auto (default) = bfloat16 on GPUs that support it, "
         "else float32. On CPUs with native bfloat16 it pays for wide models only; on AVX2-only CPUs it is "
-        "hundreds of times slower (a warning says so). Search scores stay float32.",
+        "hundreds of times slower (a warning says so). int8 (CPU): the output projection in int8, the rest "
+        "float32 (mt/int8.py). Search scores stay float32.",
     )
 
 
@@ -174,8 +175,14 @@ def _translator(args):
 
     if any(is_ct2_dir(d) for d in args.model):
         return _ct2_translator(args, warn)
-    device = _device(args.device)
+    if args.dtype == "int8" and args.device not in ("auto", "cpu"):
+        raise MTError(f"--dtype int8 decodes on the CPU (PyTorch's int8 kernels), not --device {args.device}")
+    device = "cpu" if args.dtype == "int8" else _device(args.device)
     model, tok, meta = load(args.model[0], device) if len(args.model) == 1 else load_ensemble(args.model, device)
+    if args.dtype == "int8":
+        from mt.int8 import quantize
+
+        quantize(model)
     dtype = decoding_dtype(args.dtype, next(model.parameters()).device)
     model = model.to(dtype)
 

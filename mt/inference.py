@@ -109,6 +109,8 @@ def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
     bfloat16 on CUDA GPUs that support it, float32 elsewhere (on CPUs with
     native bfloat16, ``bfloat16`` pays for wide models only: docs/performance.md).
     Search scores stay float32 either way."""
+    if name == "int8":  # the weights stay float32; mt.int8 makes the output projection's int8 copy
+        return torch.float32
     if name != "auto":
         return getattr(torch, name)
     if device.type == "cuda" and torch.cuda.is_bf16_supported():
@@ -175,7 +177,9 @@ class Translator:
 
     @property
     def dtype_name(self) -> str:
-        """The type decoding computes in, for reports: float32, bfloat16."""
+        """The type decoding computes in, for reports: float32, bfloat16, int8 (``mt.int8``)."""
+        if getattr(self.model, "int8", False):
+            return "int8"
         return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
     def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
