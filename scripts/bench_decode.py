@@ -45,6 +45,7 @@ from mt.config import ModelConfig
 from mt.fastpath import speed_up
 from mt.hardware import BF16_USABLE, bf16_speedup, matmul_peak
 from mt.inference import map_in_threads
+from mt.int8 import quantize
 from mt.model import Transformer
 from mt.search import SearchSettings, beam_search, greedy_search
 
@@ -178,6 +179,9 @@ def main() -> None:
     ours = speed_up(ours).eval()  # as mt translate loads a model
     ours_bf16 = speed_up(Transformer(ours.cfg)).eval().to(torch.bfloat16)
     ours_bf16.load_state_dict(ours.state_dict())
+    ours_int8 = speed_up(Transformer(ours.cfg)).eval()  # --dtype int8: the output projection in int8 (mt/int8.py)
+    ours_int8.load_state_dict(ours.state_dict())
+    quantize(ours_int8)
     # bf16 rows only where bfloat16 has a fast path (not on AVX2-only CPUs, where it is ~400x slower)
     bf16_ratio = bf16_speedup(n=256)
     with_bf16 = bf16_ratio >= BF16_USABLE
@@ -243,6 +247,7 @@ def main() -> None:
         engines = {  # name -> a function that sets the engine up and returns its batch translator
             "mt fp32": lambda: run_mt(ours),
             "mt bf16": lambda: run_mt(ours_bf16),
+            "mt int8": lambda: run_mt(ours_int8),
             "HF fp32": lambda: run_hf(hf),
             "HF bf16": lambda: run_hf(hf_bf16),
             "CT2 fp32": lambda: run_ct2("float32"),
@@ -282,14 +287,16 @@ def main() -> None:
         print(f"{precision + ' ceiling':<22}" + "".join(f"{c:>9.0f}" for c in ceilings))
     print("ratios")
     for a, b in (("mt fp32", "HF fp32"), ("mt fp32", "CT2 fp32"), ("mt bf16", "HF fp32"), ("mt bf16", "HF bf16"),
-                 ("mt bf16", "CT2 fp32")):  # fmt: skip
+                 ("mt bf16", "CT2 fp32"), ("mt int8", "mt fp32"), ("mt int8", "CT2 int8"),
+                 ("CT2 int8", "CT2 fp32")):  # fmt: skip
         if a not in engines or b not in engines:
             continue
         print(f"{a + ' / ' + b:<22}" + "".join(f"{best[beam, a] / best[beam, b]:>8.2f}x" for beam in searches))
     print(
         f"{'/'.join(peaks)} ceiling: sentences/s if every matrix product ran at the matmul peak measured here "
         f"({' / '.join(f'{peak / 1e9:.0f}' for peak in peaks.values())} GFLOP/s) and nothing else took time. "
-        "mt bf16 keeps search scores in float32; CT2 int8 computes in int8."
+        "mt bf16 keeps search scores in float32; mt int8 computes the output projection in int8 and the "
+        "layers in float32; CT2 int8 computes in int8."
     )
     print(
         "mt fp32 products alone: sentences/s if mt fp32's matrix products (the calls its search made, recorded "
