@@ -252,8 +252,11 @@ class CT2Translator:
         compute_type: str = "default",
         warn=None,
     ):
-        import ctranslate2
-
+        try:
+            import ctranslate2
+        except ImportError:
+            needs = "decoding it needs pip install -e '.[export]'"
+            raise MTError(f"{directory} is a CTranslate2 export: {needs}") from None
         from mt.config import DECODING
         from mt.search import SearchSettings
 

@@ -162,3 +162,12 @@ def test_without_ctranslate2_the_command_says_how_to_install_it(toy_run, tmp_pat
     assert main(["export", "--model", str(toy_run), "--to", "ct2", str(tmp_path / "out")]) == 1
     assert "pip install -e '.[export]'" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_without_ctranslate2_decoding_an_export_says_how_to_install_it(exported, monkeypatch, capsys):
+    import sys
+
+    out, _ = exported
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)
+    assert main(["translate", "--model", str(out)]) == 1
+    assert "is a CTranslate2 export: decoding it needs pip install -e '.[export]'" in capsys.readouterr().err
