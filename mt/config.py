@@ -102,6 +102,7 @@ class DataConfig:
     checksums: str | None = None  #: sha256 file ("<sha256>  <file name>" lines); default: shipped with mt
     hf_name: str | None = None  #: a Hugging Face dataset with a translation column
     hf_config: str | None = None  #: its configuration name, e.g. de-en
+    hf_revision: str | None = None  #: a branch, tag or commit of the hub dataset; null = its main branch
     toy_sizes: dict[str, int] = field(default_factory=lambda: {"train": 4000, "val": 200, "test": 200})  #: source toy
     src_lang: str = "en"
     tgt_lang: str = "de"
@@ -112,10 +113,13 @@ class DataConfig:
     vocab_size: int = 8000  #: sentencepiece vocabulary size (each, when not joint)
     joint_vocab: bool = True  #: one sentencepiece model for both languages
     spm_model_type: str = "bpe"  #: bpe | unigram
+    spm_sample: int = 1_000_000  #: sentencepiece trains on a random sample of this many training lines at most
     max_len: int = 100  #: training pairs longer than this (subword tokens) are dropped
     max_ratio: float = 3.0  #: training pairs with a longer/shorter length ratio above this are dropped
     max_tokens: int = 4096  #: tokens per batch, padding included (max of source and target side)
     bpe_dropout: float = 0.0  #: training only: skip each BPE merge with this probability, every epoch anew; 0 = off
+    num_proc: int | None = None  #: prepare's encoding processes; null = one per CPU for splits of 100k pairs or more
+    num_workers: int = 0  #: processes that read training batches (0 = the training process; BPE-dropout needs 0)
 
     def __post_init__(self) -> None:
         _check(
@@ -126,12 +130,20 @@ class DataConfig:
         _check(self.src_lang != self.tgt_lang, "data.tgt_lang", "must differ from data.src_lang")
         for name in ("vocab_size", "max_len", "max_tokens"):
             _check(getattr(self, name) > 0, f"data.{name}", "must be positive")
+        _check(self.spm_sample > 0, "data.spm_sample", "must be positive")
         _check(self.max_ratio >= 1.0, "data.max_ratio", "must be >= 1")
         _check(0.0 <= self.bpe_dropout < 1.0, "data.bpe_dropout", "must be in [0, 1)")
         _check(
             self.bpe_dropout == 0.0 or self.spm_model_type == "bpe",
             "data.bpe_dropout",
             f"needs data.spm_model_type=bpe (got {self.spm_model_type})",
+        )
+        _check(self.num_proc is None or self.num_proc > 0, "data.num_proc", "must be positive (or null)")
+        _check(self.num_workers >= 0, "data.num_workers", "must be >= 0")
+        _check(
+            self.num_workers == 0 or self.bpe_dropout == 0.0,
+            "data.num_workers",
+            "must be 0 with BPE-dropout (it resegments in the training process)",
         )
         _check(self.max_tokens >= self.max_len + 2, "data.max_tokens", "must hold at least one sentence of max_len")
 

@@ -1,15 +1,17 @@
 """Raw parallel text: read it from a local directory, download it, or load it
 from a Hugging Face dataset, and check it on the way in.
 
-Every source yields ``{split: (source_lines, target_lines)}``. Nothing is
-dropped here: filtering belongs to ``mt.prepare`` and touches the training split
-only.
+Every source yields ``{split: SplitSource}``: a split read in batches of
+(source lines, target lines), so a corpus of millions of pairs is never held
+in memory whole. Nothing is dropped here: filtering belongs to ``mt.prepare``
+and touches the training split only.
 """
 
 from __future__ import annotations
 
 import gzip
 import hashlib
+import itertools
 import os
 import re
 import sys
@@ -17,34 +19,87 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
 from mt.config import DataConfig
 from mt.errors import DataError
-
-Splits = dict[str, tuple[list[str], list[str]]]
+from mt.textio import utf8_lines
 
 ENV_DATA_DIR = "MT_DATA_DIR"
+
+Batches = Iterator[tuple[list[str], list[str]]]
+
+
+@dataclass
+class SplitSource:
+    """One split of a parallel corpus. ``batches(n)`` reads it from the start,
+    ``n`` aligned (source, target) lines at a time; a file's defects (invalid
+    UTF-8, a damaged .gz, a line count that differs between the two sides) are
+    ``DataError``s naming the file and line, raised when the reading gets there."""
+
+    name: str
+    batches: Callable[[int], Batches]
+
+    def lines(self) -> tuple[list[str], list[str]]:
+        """The whole split as two lists (for evaluation-sized splits)."""
+        src: list[str] = []
+        tgt: list[str] = []
+        for s, t in self.batches(10_000):
+            src += s
+            tgt += t
+        return src, tgt
+
+
+def from_lists(name: str, src: list[str], tgt: list[str]) -> SplitSource:
+    def batches(n: int) -> Batches:
+        for i in range(0, len(src), n):
+            yield src[i : i + n], tgt[i : i + n]
+
+    return SplitSource(name, batches)
+
+
+def iter_lines(path: Path) -> Iterator[str]:
+    """Lines of a UTF-8 text file (plain or .gz), without line endings, read
+    as they are needed."""
+    try:
+        f = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")  # noqa: SIM115
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file") from None
+    except OSError as e:
+        raise DataError(f"{path}: cannot read: {e}") from None
+    with f:
+        try:
+            yield from utf8_lines(f, str(path))
+        except (OSError, EOFError, zlib.error) as e:  # zlib.error: a .gz damaged inside
+            raise DataError(f"{path}: cannot read: {e}") from None
 
 
 def read_lines(path: Path) -> list[str]:
     """Lines of a UTF-8 text file (plain or .gz), without line endings."""
-    try:
-        raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such file") from None
-    except (OSError, EOFError, zlib.error) as e:  # zlib.error: a .gz damaged inside
-        raise DataError(f"{path}: cannot read: {e}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        raise DataError(f"{path}:{line}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
+    return list(iter_lines(path))
+
+
+def read_pairs(name: str, src_path: Path, tgt_path: Path, n: int) -> Batches:
+    """The aligned lines of two files, ``n`` pairs at a time."""
+    src_lines, tgt_lines = iter_lines(src_path), iter_lines(tgt_path)
+    src: list[str] = []
+    tgt: list[str] = []
+    for count, (s, t) in enumerate(itertools.zip_longest(src_lines, tgt_lines)):
+        if s is None or t is None:  # one file has ended: count what is left of the other
+            longer = src_lines if t is None else tgt_lines
+            total = count + 1 + sum(1 for _ in longer)
+            n_src, n_tgt = (total, count) if t is None else (count, total)
+            raise DataError(f"split {name!r} is misaligned: {src_path} has {n_src} lines, {tgt_path} has {n_tgt}")
+        src.append(s)
+        tgt.append(t)
+        if len(src) == n:
+            yield src, tgt
+            src, tgt = [], []
+    if src:
+        yield src, tgt
 
 
 def find_split_files(directory: Path, lang: str) -> dict[str, Path]:
@@ -58,8 +113,9 @@ def find_split_files(directory: Path, lang: str) -> dict[str, Path]:
     return found
 
 
-def read_local(directory: Path, src_lang: str, tgt_lang: str) -> tuple[Splits, dict[str, list[Path]]]:
-    """Every split that has both a source and a target file in ``directory``."""
+def read_local(directory: Path, src_lang: str, tgt_lang: str) -> tuple[dict[str, SplitSource], dict[str, list[Path]]]:
+    """Every split that has both a source and a target file in ``directory``,
+    and those files. Nothing is read yet."""
     if not directory.is_dir():
         raise DataError(f"{directory}: corpus directory does not exist")
     src_files = find_split_files(directory, src_lang)
@@ -69,14 +125,9 @@ def read_local(directory: Path, src_lang: str, tgt_lang: str) -> tuple[Splits, d
         raise DataError(f"{directory}: no <split>.{src_lang}[.gz] / <split>.{tgt_lang}[.gz] file pairs")
     splits, files = {}, {}
     for name in names:
-        src, tgt = read_lines(src_files[name]), read_lines(tgt_files[name])
-        if len(src) != len(tgt):
-            raise DataError(
-                f"split {name!r} is misaligned: {src_files[name]} has {len(src)} lines, "
-                f"{tgt_files[name]} has {len(tgt)}"
-            )
-        splits[name] = (src, tgt)
-        files[name] = [src_files[name], tgt_files[name]]
+        src, tgt = src_files[name], tgt_files[name]
+        splits[name] = SplitSource(name, lambda n, name=name, src=src, tgt=tgt: read_pairs(name, src, tgt, n))
+        files[name] = [src, tgt]
     return splits, files
 
 
@@ -142,7 +193,7 @@ def _fetch(url: str, directory: Path, sums: dict[str, str], required: bool) -> N
     download_file(url, dest, expected)
 
 
-def download(cfg: DataConfig, raw_dir: Path) -> tuple[Splits, dict[str, list[Path]]]:
+def download(cfg: DataConfig, raw_dir: Path) -> tuple[dict[str, SplitSource], dict[str, list[Path]]]:
     """Download ``data.download_splits`` for both languages into ``raw_dir``, verified.
     Also the target side's tokenized references of ``data.paper_ref_splits``, where
     their sha256 is known, into ``raw_dir/tok/`` (``mt evaluate --paper`` looks there);
@@ -160,47 +211,68 @@ def download(cfg: DataConfig, raw_dir: Path) -> tuple[Splits, dict[str, list[Pat
     return {k: v for k, v in splits.items() if k in cfg.download_splits}, files
 
 
-def load_hf(cfg: DataConfig) -> Splits:
-    """A Hugging Face dataset with a ``translation`` column ({lang: text}) or one
-    column per language. ``data.hf_name`` may name a hub dataset or a directory
-    written by ``Dataset(Dict).save_to_disk``."""
+def load_hf(cfg: DataConfig) -> tuple[dict[str, SplitSource], str]:
+    """A Hugging Face dataset with a ``translation`` column ({lang: text}, as
+    ``wmt14``, ``wmt16`` and ``iwslt2017`` have) or one column per language,
+    and a fingerprint of it. ``data.hf_name`` may name a hub dataset (with
+    ``data.hf_config``, e.g. ``wmt/wmt14`` and ``de-en``), a local folder laid
+    out as one, or a directory written by ``Dataset(Dict).save_to_disk``.
+    Either way the data is Arrow on disk, memory-mapped, and read a batch at
+    a time."""
     import datasets
 
     name = cfg.hf_name
-    if Path(name).is_dir():
+    saved = Path(name) / "dataset_dict.json", Path(name) / "state.json"
+    if any(p.is_file() for p in saved):  # written by save_to_disk
         ds = datasets.load_from_disk(name)
-    else:
+    else:  # a hub name, or a local folder laid out as a hub dataset (data files, configs in its README)
         try:
-            ds = datasets.load_dataset(name, cfg.hf_config)
+            ds = datasets.load_dataset(name, cfg.hf_config, revision=cfg.hf_revision)
         except Exception as e:  # network, missing dataset, bad config name: all reported the same way
             subset = f", subset {cfg.hf_config!r}" if cfg.hf_config else ""
+            subset += f", revision {cfg.hf_revision!r}" if cfg.hf_revision else ""
             raise DataError(f"data.hf_name: cannot load Hugging Face dataset {name!r}{subset}: {e}") from None
     if isinstance(ds, datasets.Dataset):
         ds = datasets.DatasetDict({cfg.train_split: ds})
-    splits = {}
-    for split, table in ds.items():
-        if "translation" in table.column_names:
-            pairs = table["translation"]
-            try:
-                splits[split] = ([p[cfg.src_lang] for p in pairs], [p[cfg.tgt_lang] for p in pairs])
-            except KeyError as e:
-                raise DataError(f"{name}/{split}: translation column has no language {e}") from None
-        elif cfg.src_lang in table.column_names and cfg.tgt_lang in table.column_names:
-            splits[split] = (list(table[cfg.src_lang]), list(table[cfg.tgt_lang]))
-        else:
-            raise DataError(
-                f"{name}/{split}: needs a 'translation' column or columns {cfg.src_lang!r} and {cfg.tgt_lang!r}, "
-                f"has {table.column_names}"
-            )
-    return splits
+    splits = {split: _hf_split(f"{name}/{split}", split, table, cfg) for split, table in ds.items()}
+    return splits, "".join(f"{split}:{table._fingerprint};" for split, table in sorted(ds.items()))
 
 
-def load_corpus(cfg: DataConfig, raw_dir: Path) -> tuple[Splits, str]:
-    """The corpus as configured, and a fingerprint of its contents."""
+def _hf_split(where: str, split: str, table, cfg: DataConfig) -> SplitSource:
+    langs = cfg.src_lang, cfg.tgt_lang
+    if "translation" in table.column_names:
+        columns = ["translation"]
+        if len(table):
+            missing = [lang for lang in langs if lang not in (table[0]["translation"] or {})]
+            if missing:
+                raise DataError(f"{where}: translation column has no language {missing[0]!r}")
+    elif all(lang in table.column_names for lang in langs):
+        columns = list(langs)
+    else:
+        raise DataError(
+            f"{where}: needs a 'translation' column or columns {cfg.src_lang!r} and {cfg.tgt_lang!r}, "
+            f"has {table.column_names}"
+        )
+
+    def batches(n: int) -> Batches:
+        for batch in table.select_columns(columns).iter(batch_size=n):
+            if columns == ["translation"]:
+                sides = [[(p or {}).get(lang) for p in batch["translation"]] for lang in langs]
+            else:
+                sides = [batch[lang] for lang in langs]
+            yield tuple([x or "" for x in side] for side in sides)  # a missing text is an empty line
+
+    return SplitSource(split, batches)
+
+
+def load_corpus(cfg: DataConfig, raw_dir: Path) -> tuple[dict[str, SplitSource], str]:
+    """The corpus as configured, and a fingerprint of its contents. Splits are
+    read later, as they are needed."""
     source = cfg.source
     local_dir = cfg.local_dir or os.environ.get(ENV_DATA_DIR)
     if source == "auto":
         source = "local" if local_dir else "hf" if cfg.hf_name else "download"
+    h = hashlib.sha256()
     if source == "local":
         if not local_dir:
             raise DataError(
@@ -212,11 +284,16 @@ def load_corpus(cfg: DataConfig, raw_dir: Path) -> tuple[Splits, str]:
     elif source == "toy":
         from mt.toy import toy_corpus
 
-        splits, files = toy_corpus(cfg.toy_sizes), {}
+        lists = toy_corpus(cfg.toy_sizes)
+        splits, files = {name: from_lists(name, *sides) for name, sides in lists.items()}, {}
+        for name, sides in sorted(lists.items()):
+            h.update(name.encode() + "\n".join(sides[0] + sides[1]).encode())
     else:
         if not cfg.hf_name:
             raise DataError("data.source is hf but data.hf_name is not set")
-        splits, files = load_hf(cfg), {}
+        splits, fingerprint = load_hf(cfg)
+        files = {}
+        h.update(fingerprint.encode())
     for option, split in (("data.train_split", cfg.train_split), ("data.valid_split", cfg.valid_split)):
         if split not in splits:
             where = f" in {local_dir}" if source == "local" else ""
@@ -224,13 +301,8 @@ def load_corpus(cfg: DataConfig, raw_dir: Path) -> tuple[Splits, str]:
                 f"no {split!r} split{where} ({option}): expected {split}.{cfg.src_lang} and {split}.{cfg.tgt_lang} "
                 f"(or .gz); found {', '.join(sorted(splits)) or 'none'}"
             )
-    h = hashlib.sha256()
-    for name in sorted(splits):
+    for name in sorted(set(splits) & set(files)):
         h.update(name.encode())
-        if name in files:
-            for path in files[name]:
-                h.update(sha256_of(path).encode())
-        else:
-            for side in splits[name]:
-                h.update("\n".join(side).encode())
+        for path in files[name]:
+            h.update(sha256_of(path).encode())
     return splits, h.hexdigest()

@@ -4,12 +4,15 @@ The data it reads is ``mt prepare``'s (``mt.prepare``)."""
 
 from __future__ import annotations
 
+import functools
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Sampler
@@ -40,34 +43,30 @@ class Batch:
 
 class BatchedPairs:
     """A split's pairs, read a batch at a time: ``pairs[indices]`` is the
-    padded ``Batch`` of those rows. The loader's sampler yields the index
-    lists (``TokenBatchSampler``) with automatic batching off. ``segment``,
-    when given, supplies the rows' token ids in place of the stored ones
-    (BPE-dropout)."""
+    padded ``Batch`` of those rows, read from the split's file. The
+    loader's sampler yields the index lists (``TokenBatchSampler``) with
+    automatic batching off. ``segment``, when given, supplies the rows' token
+    ids in place of the stored ones (BPE-dropout)."""
 
     def __init__(
         self,
-        src: list[list[int]],
-        tgt: list[list[int]],
+        split: Split,
         tok: Tokenizer,
         segment: Callable[[list[int]], tuple[list[list[int]], list[list[int]]]] | None = None,
     ):
-        self.src, self.tgt, self.tok, self.segment = src, tgt, tok, segment
+        self.split, self.tok, self.segment = split, tok, segment
 
     def __len__(self) -> int:
-        return len(self.src)
+        return len(self.split)
 
     def __getitem__(self, indices: list[int]) -> Batch:
         t = self.tok
-        if self.segment is None:
-            src, tgt = [self.src[i] for i in indices], [self.tgt[i] for i in indices]
-        else:
-            src, tgt = self.segment(indices)
+        src, tgt = self.split.ids(indices) if self.segment is None else self.segment(indices)
         return Batch(
             src=pad_batch(src, t.pad_id),
             tgt_in=pad_batch([[t.bos_id, *y] for y in tgt], t.pad_id),
             tgt_out=pad_batch([[*y, t.eos_id] for y in tgt], t.pad_id),
-            index=torch.tensor(indices),
+            index=torch.as_tensor(indices, dtype=torch.long),
             pad_id=t.pad_id,
         )
 
@@ -179,7 +178,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         src, tgt = self.segmentation.ids(epoch)
         return torch.tensor([len(x) for x in src]), torch.tensor([len(x) + 1 for x in tgt])
 
-    def _sorted(self, src_lens: Tensor, tgt_lens: Tensor, gen: torch.Generator) -> tuple[list[int], list[int]]:
+    def _sorted(self, src_lens: Tensor, tgt_lens: Tensor, gen: torch.Generator) -> tuple[np.ndarray, np.ndarray]:
         """Pair indices sorted by the longer side, ties by the shorter one
         (stable sorts: the secondary key first), and their lengths. On
         Multi30k this pads less than sorting by source then target once
@@ -189,43 +188,45 @@ class TokenBatchSampler(Sampler[list[int]]):
         longer = torch.maximum(src_lens, tgt_lens)
         order = order[torch.sort(torch.minimum(src_lens, tgt_lens)[order], stable=True).indices]
         order = order[torch.sort(longer[order], stable=True).indices]
-        return order.tolist(), longer[order].tolist()
+        return order.numpy(), longer[order].numpy()
 
     @staticmethod
-    def _pack(order: list[int], lengths: list[int], cap: int) -> list[list[int]]:
-        """Cut the sorted pairs into consecutive batches of cost <= cap."""
-        batches, current, longest = [], [], 0
-        for i, length in zip(order, lengths):
-            if current and (len(current) + 1) * max(longest, length) > cap:
-                batches.append(current)
-                current, longest = [], 0
-            current.append(i)
-            longest = max(longest, length)
-        if current:
-            batches.append(current)
-        return batches
+    def _pack(order: np.ndarray, lengths: np.ndarray, cap: int) -> list[np.ndarray]:
+        """Cut the sorted pairs into consecutive batches of cost <= cap, each
+        as long as it can be (greedily, in order). ``lengths`` never decrease,
+        so a batch's cost is its size times its last pair's length, and the
+        cost of a batch starting at ``i`` grows with its size: the longest one
+        that fits is a binary search, not a walk over every pair."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        ends, i, n = [], 0, len(lengths)
+        while i < n:
+            window = lengths[i : i + max(1, cap // max(1, int(lengths[i])))]  # a longer batch would cost more than cap
+            cost = np.arange(1, len(window) + 1) * window
+            i += max(1, int(np.searchsorted(cost, cap, side="right")))  # a lone pair over cap goes alone
+            ends.append(i)
+        return np.split(np.asarray(order), ends[:-1])
 
-    def _pack_into(self, order: list[int], lengths: list[int], n: int) -> list[list[int]]:
+    def _pack_into(self, order: np.ndarray, lengths: np.ndarray, n: int) -> list[np.ndarray]:
         """Exactly ``n`` consecutive batches (fewer only if there are fewer
         pairs), the costliest as cheap as greedy packing can make it."""
-        lo, hi = max(lengths), max(lengths) * len(lengths)  # hi: a single batch
+        lo, hi = int(max(lengths)), int(max(lengths)) * len(lengths)  # hi: a single batch
         while lo < hi:  # the smallest cap that needs at most n batches
             mid = (lo + hi) // 2
             if len(self._pack(order, lengths, mid)) <= n:
                 hi = mid
             else:
                 lo = mid + 1
-        batches = self._pack(order, lengths, lo)
-        position = {i: k for k, i in enumerate(order)}
-        while len(batches) < min(n, len(order)):  # split the costliest batch in two
-            cost = [len(b) * lengths[position[b[-1]]] if len(b) > 1 else 0 for b in batches]
-            k = max(range(len(batches)), key=cost.__getitem__)
-            half = len(batches[k]) // 2
-            batches[k : k + 1] = [batches[k][:half], batches[k][half:]]
-        return batches
+        ends = np.cumsum([len(b) for b in self._pack(order, lengths, lo)]).tolist()
+        spans = list(zip([0, *ends[:-1]], ends))  # [start, end) of each batch in the sorted order
+        while len(spans) < min(n, len(order)):  # split the costliest batch in two
+            cost = [(e - s) * lengths[e - 1] if e - s > 1 else 0 for s, e in spans]
+            k = max(range(len(spans)), key=cost.__getitem__)
+            s, e = spans[k]
+            spans[k : k + 1] = [(s, s + (e - s) // 2), (s + (e - s) // 2, e)]
+        return [order[s:e] for s, e in spans]
 
-    def all_batches(self) -> list[list[int]]:
-        """Every batch of this epoch, before sharding across ranks."""
+    def all_batches(self) -> list[np.ndarray]:
+        """Every batch of this epoch (arrays of pair indices), before sharding across ranks."""
         if self._cache is not None and self._cache[0] == self.epoch:
             return self._cache[1]
         gen = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -245,40 +246,173 @@ class TokenBatchSampler(Sampler[list[int]]):
         if world > 1:
             batches = batches[: len(batches) - len(batches) % world][rank::world]
         skip, self.skip = self.skip, 0
-        yield from batches[skip:]
+        for batch in batches[skip:]:
+            yield batch.tolist()
 
     def __len__(self) -> int:
         _, world = self._ranks()
         return len(self.all_batches()) // world
 
 
-def padding_waste(batches: list[list[int]], src_lens: list[int], tgt_lens: list[int]) -> float:
+def padding_waste(batches: list[np.ndarray], src_lens: np.ndarray, tgt_lens: np.ndarray) -> float:
     """Share of padding in the padded source and target tensors of ``batches``."""
+    src_lens, tgt_lens = np.asarray(src_lens), np.asarray(tgt_lens) + 1  # + bos or eos
     real = padded = 0
     for b in batches:
-        s = [src_lens[i] for i in b]
-        t = [tgt_lens[i] + 1 for i in b]
-        real += sum(s) + sum(t)
-        padded += len(b) * (max(s) + max(t))
+        s, t = src_lens[b], tgt_lens[b]
+        real += int(s.sum()) + int(t.sum())
+        padded += len(b) * (int(s.max()) + int(t.max()))
     return 1.0 - real / padded
 
 
-class Split:
-    """One prepared split in memory: token ids and the raw text."""
+PAIRS_FILE = "pairs.arrow"  # a prepared split: one Arrow IPC stream file (mt.prepare)
 
-    def __init__(self, path: Path):
-        import datasets
 
-        if not path.is_dir():
-            raise DataError(f"{path}: prepared split missing (run `mt prepare --config ...` first)")
-        columns = datasets.load_from_disk(str(path)).to_dict()
-        self.src: list[list[int]] = columns["src_ids"]
-        self.tgt: list[list[int]] = columns["tgt_ids"]
-        self.src_text: list[str] = columns["src_text"]
-        self.tgt_text: list[str] = columns["tgt_text"]
+def _load_split(path: Path):
+    """A prepared split as a ``datasets.Dataset`` memory-mapped from its file."""
+    import datasets
+
+    if (path / PAIRS_FILE).is_file():
+        return datasets.Dataset.from_file(str(path / PAIRS_FILE))
+    if (path / "state.json").is_file():  # prepared by an earlier mt, with datasets.save_to_disk
+        return datasets.load_from_disk(str(path))
+    raise DataError(f"{path}: prepared split missing (run `mt prepare --config ...` first)")
+
+
+class ListRows:
+    """Rows of ``list<int32>`` columns of an Arrow IPC stream file, each read
+    with a positioned read (``os.pread``) from where the file's own layout
+    puts it. The file is memory-mapped for its layout only: its metadata and
+    the columns' offsets are read once (the offsets into memory, 8 bytes a
+    row), its rows never through the mapping. A page that a process reads
+    through a mapping counts as its resident memory from then on, and with
+    the kernel's fault-around (64 KiB a fault) random rows soon map all of a
+    large split; positioned reads go through the page cache, shared by every
+    process that reads the file (DDP ranks, loader workers), and leave a
+    process's own memory as it was."""
+
+    def __init__(self, path: Path, columns: tuple[str, ...]):
+        import pyarrow as pa
+
+        self.path, self.columns = Path(path), columns
+        mapped = pa.memory_map(str(path))
+        base, size = mapped.read_buffer(1).address, mapped.size()
+        mapped.seek(0)
+        batches = pa.ipc.open_stream(mapped).read_all().to_batches()
+        self.starts = np.cumsum([0] + [len(b) for b in batches])  # first row of each record batch
+        self.offsets: dict[str, list[np.ndarray]] = {c: [] for c in columns}  # per batch: n + 1 item offsets
+        self.values: dict[str, list[int]] = {c: [] for c in columns}  # per batch: file position of the items
+        with open(path, "rb") as f:
+            for batch in batches:
+                for c in columns:
+                    column = batch.column(batch.schema.get_field_index(c))
+                    _, offsets, _, values = column.buffers()
+                    if column.type != pa.list_(pa.int32()) or column.offset or column.values.offset:
+                        raise DataError(f"{path}: column {c} is not a plain list<int32> column")
+                    if not base <= values.address <= base + size:  # a copy, not the file: no position to read at
+                        raise DataError(f"{path}: column {c} is not laid out in the file")
+                    n = 4 * (len(column) + 1)
+                    self.offsets[c].append(np.frombuffer(os.pread(f.fileno(), n, offsets.address - base), "<i4"))
+                    self.values[c].append(values.address - base)
+        self._fd: tuple[int, int] | None = None  # (process id, descriptor): each process opens its own
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_fd": None}
+
+    def __del__(self) -> None:
+        if getattr(self, "_fd", None) is not None and self._fd[0] == os.getpid():
+            os.close(self._fd[1])
+
+    def lengths(self, column: str) -> np.ndarray:
+        """Items per row of ``column``, for every row."""
+        return np.concatenate([np.diff(o) for o in self.offsets[column]] or [np.zeros(0, np.int32)])
 
     def __len__(self) -> int:
-        return len(self.src)
+        return int(self.starts[-1])
+
+    def read(self, rows: list[int]) -> list[list[list[int]]]:
+        """For each column, the items of ``rows``."""
+        if self._fd is None or self._fd[0] != os.getpid():
+            self._fd = os.getpid(), os.open(self.path, os.O_RDONLY)
+        fd = self._fd[1]
+        at = np.searchsorted(self.starts, rows, side="right") - 1
+        out = []
+        for c in self.columns:
+            items = []
+            for row, k in zip(rows, at.tolist()):
+                offsets, j = self.offsets[c][k], row - self.starts[k]
+                start, end = int(offsets[j]), int(offsets[j + 1])
+                raw = os.pread(fd, 4 * (end - start), self.values[c][k] + 4 * start)
+                items.append(np.frombuffer(raw, "<i4").tolist())
+            out.append(items)
+        return out
+
+
+def _lengths(ds) -> tuple[np.ndarray, np.ndarray]:
+    import pyarrow.compute as pc
+
+    table = ds.data  # the memory-mapped Arrow table: list lengths come from its offsets
+    return tuple(pc.list_value_length(table.column(c)).to_numpy() for c in ("src_ids", "tgt_ids"))
+
+
+def split_lengths(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts of a prepared split's (source ids + EOS, target ids)."""
+    return Split(path).lengths()
+
+
+class Split:
+    """One prepared split, read from its file as rows are asked for, so a
+    split of millions of pairs costs each process that opens it (every DDP
+    rank, every loader worker) little memory of its own: the operating
+    system's page cache holds the file, once, for all of them.
+
+    ``src_lens``/``tgt_lens`` are the token counts (arrays, for batching);
+    ``ids(rows)`` reads token ids (``ListRows``); ``src``/``tgt``/``src_text``/
+    ``tgt_text`` read a whole column into lists, for evaluation-sized splits,
+    through ``ds``, the split as a memory-mapped ``datasets.Dataset``."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.ds = _load_split(path)
+        if (path / PAIRS_FILE).is_file():
+            self.rows: ListRows | None = ListRows(path / PAIRS_FILE, ("src_ids", "tgt_ids"))
+            self.src_lens, self.tgt_lens = self.rows.lengths("src_ids"), self.rows.lengths("tgt_ids")
+        else:  # prepared by an earlier mt (datasets.save_to_disk): rows through the mapping
+            self.rows = None
+            self.src_lens, self.tgt_lens = _lengths(self.ds)
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.src_lens, self.tgt_lens
+
+    def ids(self, rows: list[int]) -> tuple[list[list[int]], list[list[int]]]:
+        """(source ids + EOS, target ids) of ``rows``."""
+        if self.rows is not None:
+            src, tgt = self.rows.read(rows)
+            return src, tgt
+        got = self.ds.select_columns(["src_ids", "tgt_ids"])[list(rows)]
+        return got["src_ids"], got["tgt_ids"]
+
+    def _column(self, name: str) -> list:
+        return self.ds.data.column(name).to_pylist()
+
+    @functools.cached_property
+    def src(self) -> list[list[int]]:
+        return self._column("src_ids")
+
+    @functools.cached_property
+    def tgt(self) -> list[list[int]]:
+        return self._column("tgt_ids")
+
+    @functools.cached_property
+    def src_text(self) -> list[str]:
+        return self._column("src_text")
+
+    @functools.cached_property
+    def tgt_text(self) -> list[str]:
+        return self._column("tgt_text")
 
 
 def load_tokenizer(cfg: DataConfig) -> Tokenizer:
@@ -317,8 +451,8 @@ class TranslationDataModule(L.LightningDataModule):
         if shuffle and self.cfg.bpe_dropout > 0:
             segmentation = BPEDropout(self.tokenizer, s, self.cfg.bpe_dropout, self.seed, self.cfg.max_len)
         sampler = TokenBatchSampler(
-            [len(x) for x in s.src],
-            [len(x) for x in s.tgt],
+            s.src_lens,
+            s.tgt_lens,
             self.cfg.max_tokens,
             shuffle,
             self.seed,
@@ -335,11 +469,16 @@ class TranslationDataModule(L.LightningDataModule):
         # first one's batches in the same order.
         # A private generator: creating the loader's iterator must not draw
         # from the global RNG, or a resumed run's dropout would drift.
+        # Worker processes (data.num_workers) read and pad batches ahead of
+        # the training step; each maps the split's files itself.
+        workers = self.cfg.num_workers if shuffle else 0
         return DataLoader(
-            BatchedPairs(s.src, s.tgt, self.tokenizer, segmentation),
+            BatchedPairs(s, self.tokenizer, segmentation),
             sampler=sampler,
             batch_size=None,  # the default collate then hands each Batch on untouched
             generator=torch.Generator(),
+            num_workers=workers,
+            persistent_workers=workers > 0,
         )
 
     def train_dataloader(self) -> DataLoader:

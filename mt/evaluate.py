@@ -54,7 +54,7 @@ def split_texts(run_dir: Path, split: str) -> tuple[list[str], list[str], dict]:
 
         splits, _ = read_local(Path(local), data["src_lang"], data["tgt_lang"])
         if split in splits:
-            return *splits[split], data
+            return *splits[split].lines(), data
     raise DataError(
         f"split {split!r} not found in {prepared} or a local corpus directory; "
         f"run `mt prepare` or give --src FILE --ref FILE"

@@ -97,6 +97,39 @@ class LinePrinter(Callback):
             self.line(trainer, "valid")
 
 
+class DataWait(Callback):
+    """How much of training is spent waiting for the next batch: the time from
+    one training step's end to the next one's start (reading and padding the
+    batch, or waiting for a loader worker to hand it over), against the
+    steps' time. A share above a few percent says to raise data.num_workers.
+    Pauses for validation and between epochs are not counted."""
+
+    def __init__(self) -> None:
+        self.waiting = self.stepping = 0.0
+        self.batches = 0
+        self._end: float | None = None
+        self._start = 0.0
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self._start = time.perf_counter()
+        if self._end is not None:
+            self.waiting += self._start - self._end
+            self.batches += 1
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        self._end = time.perf_counter()
+        self.stepping += self._end - self._start
+
+    def _pause(self, *args) -> None:
+        self._end = None
+
+    on_validation_start = on_train_epoch_end = _pause
+
+    @property
+    def share(self) -> float:
+        return self.waiting / max(self.waiting + self.stepping, 1e-9)
+
+
 class LastStepCheckpoints(ModelCheckpoint):
     """Keeps ``step=N.ckpt`` files of the last ``save_top_k`` validations.
 
@@ -301,6 +334,7 @@ def _train(cfg: Config, dm: TranslationDataModule, run_dir: Path) -> Path:
             enable_version_counter=False,
         ),  # fmt: skip
         LearningRateMonitor(logging_interval="step"),
+        data_wait := DataWait(),
         TQDMProgressBar() if sys.stderr.isatty() else LinePrinter(t.log_every_steps * 10),
     ]
     if t.early_stopping_patience:
@@ -361,5 +395,6 @@ def _train(cfg: Config, dm: TranslationDataModule, run_dir: Path) -> Path:
         source = export_from_checkpoints(cfg, run_dir, t.average_last, val)
         metrics = {k: round(float(v), 3) for k, v in trainer.callback_metrics.items()}
         print(f"trained {trainer.global_step} steps in {minutes:.1f} min; last metrics: {metrics}")
+        print(f"waiting for data: {data_wait.share:.1%} of the training steps' time")
         print(f"inference model ({source}) written to {run_dir}")
     return run_dir

@@ -7,6 +7,7 @@ import threading
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import write_corpus
@@ -323,7 +324,7 @@ def test_packing_into_a_fixed_number_of_batches():
     sampler = TokenBatchSampler(src, tgt, 400, shuffle=False)
     order, longer = sampler._sorted(sampler.src_lens, sampler.tgt_lens, torch.Generator())
     greedy = sampler._pack(order, longer, 400)
-    length_of = dict(zip(order, longer))
+    length_of = dict(zip(order.tolist(), longer.tolist()))
 
     def cost(batch):
         return len(batch) * max(length_of[i] for i in batch)
@@ -331,12 +332,35 @@ def test_packing_into_a_fixed_number_of_batches():
     for n in (len(greedy) - 5, len(greedy), len(greedy) + 7):
         batches = sampler._pack_into(order, longer, n)
         assert len(batches) == n
-        assert sum(batches, []) == order  # consecutive runs of the sorted pairs, none lost
+        assert np.concatenate(batches).tolist() == order.tolist()  # consecutive runs of the sorted pairs, none lost
         if n >= len(greedy):  # at least as many batches as max_tokens needs: none costs more
             assert max(map(cost, batches)) <= 400
         else:
             assert max(map(cost, batches)) > 400
     assert len(sampler._pack_into(order[:3], longer[:3], 10)) == 3  # never an empty batch
+
+
+def walk_and_cut(lengths, cap):
+    """Greedy packing the plain way, one pair at a time: the reference."""
+    batches, current, longest = [], [], 0
+    for i, length in enumerate(lengths):
+        if current and (len(current) + 1) * max(longest, length) > cap:
+            batches.append(current)
+            current, longest = [], 0
+        current.append(i)
+        longest = max(longest, length)
+    return batches + ([current] if current else [])
+
+
+@pytest.mark.parametrize("cap", [1, 7, 40, 400, 4096])
+def test_packing_by_binary_search_equals_the_walk_over_every_pair(cap):
+    g = torch.Generator().manual_seed(cap)
+    lengths = torch.sort(torch.randint(1, 60, (3000,), generator=g)).values.numpy()
+    lengths[:5] = 80  # pairs over a small cap go alone, as in the walk
+    lengths.sort()
+    order = np.arange(len(lengths))
+    packed = [b.tolist() for b in TokenBatchSampler._pack(order, lengths, cap)]
+    assert packed == walk_and_cut(lengths.tolist(), cap)
 
 
 def test_merge_dropout_at_zero_is_sentencepiece_and_at_one_is_characters(data_cfg, corpus_splits):
