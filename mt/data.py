@@ -309,7 +309,7 @@ class ListRows:
                     _, offsets, _, values = column.buffers()
                     if column.type != pa.list_(pa.int32()) or column.offset or column.values.offset:
                         raise DataError(f"{path}: column {c} is not a plain list<int32> column")
-                    if not base <= values.address <= base + size:  # a copy, not the file: no position to read at
+                    if not all(base <= b.address <= base + size for b in (offsets, values)):  # a copy: no position
                         raise DataError(f"{path}: column {c} is not laid out in the file")
                     n = 4 * (len(column) + 1)
                     self.offsets[c].append(np.frombuffer(os.pread(f.fileno(), n, offsets.address - base), "<i4"))

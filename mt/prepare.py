@@ -14,8 +14,9 @@ into memory whole. It writes::
         <split>/pairs.arrow                         src_text, tgt_text, src_ids, tgt_ids (Arrow IPC stream)
         prepare.json                                fingerprint of inputs and config, and the summary
 
-Training reads a split memory-mapped (``mt.data.Split``). A second run with
-the same inputs and config reuses what is there.
+Training reads a split's rows from that file as it needs them
+(``mt.data.Split``). A second run with the same inputs and config reuses what
+is there.
 """
 
 from __future__ import annotations
@@ -134,8 +135,9 @@ def _any_text(paths: list[Path], column: str) -> bool:
 
 def _train_tokenizer(cfg: DataConfig, text: list[Path], out: Path) -> Tokenizer:
     """sentencepiece on at most ``cfg.spm_sample`` lines of the training split
-    (``text``: its Arrow chunks), drawn at random. It trains in a child process, which hands its memory back to the
-    system when it ends: the encoding processes, forked later, start small."""
+    (``text``: its Arrow chunks), drawn at random. It trains in a child
+    process, which hands its memory back to the system when it ends: the
+    encoding processes, forked later, start small."""
     for side, lang in (("src", cfg.src_lang), ("tgt", cfg.tgt_lang)):
         if not _any_text(text, f"{side}_text"):
             raise DataError(

@@ -106,7 +106,6 @@ class DataWait(Callback):
 
     def __init__(self) -> None:
         self.waiting = self.stepping = 0.0
-        self.batches = 0
         self._end: float | None = None
         self._start = 0.0
 
@@ -114,7 +113,6 @@ class DataWait(Callback):
         self._start = time.perf_counter()
         if self._end is not None:
             self.waiting += self._start - self._end
-            self.batches += 1
 
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
         self._end = time.perf_counter()
