@@ -171,11 +171,15 @@ class MultiHeadAttention(nn.Module):
         q = self.split_heads(self.w_q(query))  # (B, H, T_q, D_h)
         if key_value is None:  # cross-attention while decoding: the source was projected at the first step
             return q, past
-        # contiguous: every product of the attention reads them (a cached source's, at every decoding step)
-        k = self.split_heads(self.w_k(key_value)).contiguous()  # (B, H, T_new, D_h)
-        v = self.split_heads(self.w_v(key_value)).contiguous()
-        kv = KV(k, v)
+        kv = self.project_kv(key_value)
         return q, kv if past is None else past.append(kv.k, kv.v)
+
+    def project_kv(self, key_value: Tensor) -> KV:
+        """K = key_value·W_K, V = key_value·W_V, split into heads: (B, T, D) -> KV of (B, H, T, D_h)."""
+        # contiguous: every product of the attention reads them (a cached source's, at every decoding step)
+        k = self.split_heads(self.w_k(key_value)).contiguous()  # (B, H, T, D_h)
+        v = self.split_heads(self.w_v(key_value)).contiguous()
+        return KV(k, v)
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool, temperature: float

@@ -30,6 +30,9 @@ class EnsembleEncoding(NamedTuple):
     def index_select(self, index: Tensor) -> EnsembleEncoding:
         return EnsembleEncoding([e.index_select(index) for e in self.members])
 
+    def join(self, other: EnsembleEncoding) -> EnsembleEncoding:
+        return EnsembleEncoding([a.join(b) for a, b in zip(self.members, other.members)])
+
 
 @dataclass
 class EnsembleCache:
@@ -39,6 +42,9 @@ class EnsembleCache:
 
     def reorder(self, index: Tensor, source_index: Tensor | None = None) -> EnsembleCache:
         return EnsembleCache([c.reorder(index, source_index) for c in self.members])
+
+    def join(self, new: EnsembleCache, rows: int, drop: int = 0) -> EnsembleCache:
+        return EnsembleCache([c.join(n, rows, drop) for c, n in zip(self.members, new.members)])
 
 
 class Ensemble(nn.Module):
@@ -67,6 +73,10 @@ class Ensemble(nn.Module):
     def encode(self, src: Tensor) -> EnsembleEncoding:
         """src: (B, T_s) -> each member's encoder output."""
         return EnsembleEncoding([m.encode(src) for m in self.members])
+
+    def source_cache(self, enc: EnsembleEncoding) -> EnsembleCache:
+        """Each member's ``Transformer.source_cache``."""
+        return EnsembleCache([m.source_cache(e) for m, e in zip(self.members, enc.members)])
 
     def decode(
         self, tgt: Tensor, enc: EnsembleEncoding, cache: DecoderCache | EnsembleCache | None = None

@@ -239,8 +239,16 @@ class Translator:
         if prefixes:
             for n, given in enumerate(prefixes):
                 if fixed[n]:
-                    out[n] = [(keep_prefix(given, ids, fixed[n], self.tok), score) for ids, score in hyps[n]]
+                    out[n] = self.texts(hyps[n], given, fixed[n])
         return out
+
+    def texts(
+        self, nbest: list[tuple[list[int], float]], prefix: str = "", prefix_ids: list[int] | None = None
+    ) -> list[tuple[str, float]]:
+        """One input's n-best (ids, score) as (text, score); with a prefix, each text starts with it as given."""
+        if prefix_ids:
+            return [(keep_prefix(prefix, ids, prefix_ids, self.tok), score) for ids, score in nbest]
+        return list(zip(self.tok.decode_tgt([ids for ids, _ in nbest]), (score for _, score in nbest)))
 
     def stream(
         self, lines: Iterable[str], chunk: int = 1000, n_best: int = 1, prefixes: Iterable[str] | None = None

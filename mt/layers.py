@@ -38,10 +38,18 @@ class PositionalEncoding(nn.Module):
         else:
             self.register_buffer("table", sinusoidal_table(cfg.max_positions, cfg.d_model), persistent=False)
 
-    def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        end = start + x.size(1)
+    def forward(self, x: Tensor, start: int | Tensor = 0) -> Tensor:
+        """x: (B, T, D) at positions start .. start + T - 1; ``start`` is one
+        number, or one per row (B,) when rows are at different positions."""
+        if isinstance(start, Tensor):
+            positions = start[:, None] + torch.arange(x.size(1), device=x.device)  # (B, T)
+            end = int(positions.max()) + 1
+        else:
+            end = start + x.size(1)
         if end > self.max_positions:
             raise ValueError(f"sequence of {end} positions exceeds model.max_positions={self.max_positions}")
+        if isinstance(start, Tensor):
+            return x + self.table[positions].to(x.dtype)  # (B, T, D) + (B, T, D)
         return x + self.table[start:end].to(x.dtype)  # (B, T, D) + (T, D)
 
 

@@ -11,12 +11,14 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mt.attention import KV
 from mt.config import ModelConfig
 from mt.layers import DecoderLayer, Dropout, EncoderLayer, LayerCache, PositionalEncoding
-from mt.masks import causal_mask, padding_mask
+from mt.masks import causal_mask, padding_mask, start_mask
 
 
 class EncoderOutput(NamedTuple):
@@ -28,6 +30,26 @@ class EncoderOutput(NamedTuple):
         """Pick batch rows (e.g. repeat each source for its beams)."""
         return EncoderOutput(self.memory.index_select(0, index), self.src_mask.index_select(0, index), None)
 
+    def join(self, other: EncoderOutput) -> EncoderOutput:
+        """This batch's rows, then ``other``'s: the shorter sources padded (masked) to the longer."""
+        memory = cat_padded(self.memory, other.memory, 1)  # (B + B', T_s, D)
+        return EncoderOutput(memory, cat_padded(self.src_mask, other.src_mask, 3), None)
+
+
+def cat_padded(a: Tensor, b: Tensor, dim: int) -> Tensor:
+    """``a`` and ``b`` concatenated along their first dimension, the shorter of the
+    two along ``dim`` padded at its end with zeros (False in a mask)."""
+    t = max(a.size(dim), b.size(dim))
+
+    def pad(x: Tensor) -> Tensor:
+        if x.size(dim) == t:
+            return x
+        shape = list(x.shape)
+        shape[dim] = t - x.size(dim)
+        return torch.cat([x, x.new_zeros(shape)], dim=dim)
+
+    return torch.cat([pad(a), pad(b)])
+
 
 @dataclass
 class DecoderCache:
@@ -38,9 +60,16 @@ class DecoderCache:
     keys/values may have fewer rows than the target's (a source shared by its
     beams, see ``mt.attention.MultiHeadAttention``): they are left as they are
     unless ``source_index`` picks source rows too (to drop finished sentences).
+
+    ``pad`` (B,), when set, is per target row the number of leading slots it
+    does not use: rows that joined a search under way (``join``, continuous
+    batching in ``mt.continuous``) start at a later slot than the others. A
+    row's position is then the cache's length minus its ``pad``, and its
+    queries attend only from that slot on.
     """
 
     layers: list[LayerCache] = field(default_factory=list)
+    pad: Tensor | None = None
 
     @property
     def length(self) -> int:
@@ -56,7 +85,33 @@ class DecoderCache:
         def pick(kv, rows):
             return kv if kv is None or rows is None else kv.select(rows)
 
-        return DecoderCache([LayerCache(pick(c.self_kv, index), pick(c.cross_kv, source_index)) for c in self.layers])
+        layers = [LayerCache(pick(c.self_kv, index), pick(c.cross_kv, source_index)) for c in self.layers]
+        return DecoderCache(layers, None if self.pad is None else self.pad.index_select(0, index))
+
+    def join(self, new: DecoderCache, rows: int, drop: int = 0) -> DecoderCache:
+        """This cache's rows, then ``rows`` rows of sentences that join now, whose
+        source keys/values ``new`` holds (``Transformer.source_cache``).
+
+        The new rows have no positions yet: they start at this cache's length,
+        and their slots before it are zeros that their ``pad`` masks. ``drop``
+        leading slots that no row uses are dropped first. The shorter sources'
+        keys/values are padded to the longer with zeros, masked by their
+        padding masks."""
+        t = self.length
+        if t == 0:
+            raise ValueError("sentences join a cache that has decoded at least one position")
+        layers = []
+        for old, fresh in zip(self.layers, new.layers):
+            past = old.self_kv.resolved()
+            k, v = past.k[:, :, drop:], past.v[:, :, drop:]  # (B, H, T - drop, D_h)
+            k = torch.cat([k, k.new_zeros(rows, *k.shape[1:])])  # (B + rows, H, T - drop, D_h)
+            v = torch.cat([v, v.new_zeros(rows, *v.shape[1:])])
+            cross = old.cross_kv.resolved()
+            cross = KV(cat_padded(cross.k, fresh.cross_kv.k, 2), cat_padded(cross.v, fresh.cross_kv.v, 2))
+            layers.append(LayerCache(KV(k, v), cross))
+        b = layers[0].self_kv.k.size(0) - rows
+        pad = self.pad if self.pad is not None else torch.zeros(b, dtype=torch.long, device=k.device)
+        return DecoderCache(layers, torch.cat([pad - drop, pad.new_full((rows,), t - drop)]))
 
 
 class OutputProjection(nn.Module):
@@ -119,6 +174,11 @@ class Transformer(nn.Module):
                 weights.append(w)
         return EncoderOutput(self.enc_norm(x), src_mask, weights)
 
+    def source_cache(self, enc: EncoderOutput) -> DecoderCache:
+        """The cache before the first step: every decoder layer's keys/values of
+        the source (what the first cached ``decode`` would project), no target positions."""
+        return DecoderCache([LayerCache(None, layer.cross_attn.project_kv(enc.memory)) for layer in self.decoder])
+
     def decode(
         self,
         tgt: Tensor,
@@ -141,10 +201,15 @@ class Transformer(nn.Module):
     ) -> DecoderOutput:
         """decode() up to the final layer norm: DecoderOutput with states (B, T_t, D) in place of logits."""
         start = cache.length if cache is not None else 0
+        pad = cache.pad if cache is not None else None
         t_new = tgt.size(1)
-        x = self.dropout(self.tgt_pos(self.tgt_embed(tgt) * self.embed_scale, start))  # (B, T_t, D)
+        positions = start if pad is None else start - pad  # rows that joined later are at earlier positions
+        x = self.dropout(self.tgt_pos(self.tgt_embed(tgt) * self.embed_scale, positions))  # (B, T_t, D)
         # One new position attends to every cached one: no mask needed.
         self_mask = None if t_new == 1 else causal_mask(t_new, start + t_new, tgt.device)  # (1, 1, T_t, T_k)
+        if pad is not None:  # nor to the slots before its row's start
+            used = start_mask(pad, start + t_new)  # (B, 1, 1, T_k)
+            self_mask = used if self_mask is None else self_mask & used
         layer_caches = cache.layers if cache is not None and cache.layers else [None] * len(self.decoder)
         new_caches = []
         self_w = [] if need_weights else None
@@ -156,7 +221,7 @@ class Transformer(nn.Module):
             if need_weights:
                 self_w.append(out.self_weights)
                 cross_w.append(out.cross_weights)
-        new_cache = DecoderCache(new_caches) if cache is not None else None
+        new_cache = DecoderCache(new_caches, pad) if cache is not None else None
         return DecoderOutput(self.dec_norm(x), new_cache, self_w, cross_w)
 
     @property

@@ -48,10 +48,11 @@ def max_lengths(src: Tensor, s: SearchSettings, max_positions: int, prefix: Tens
 
 
 def _step_log_probs(
-    logits: Tensor, s: SearchSettings, step: int, force_eos: Tensor, forced: Tensor | None = None
+    logits: Tensor, s: SearchSettings, step: int | Tensor, force_eos: Tensor, forced: Tensor | None = None
 ) -> Tensor:
     """logits: (N, V) -> log-probabilities (N, V) that never pick pad or bos,
     nor eos before ``s.min_len`` tokens, and only eos in rows where ``force_eos`` (N,) is set.
+    ``step``: tokens generated so far, for all rows or per row (N,).
     ``forced`` (N,): a token id that row must take (a prefix), or -1."""
     logits = logits.float()
     # in place where possible: (rows, vocabulary) temporaries are a step's largest
@@ -59,7 +60,10 @@ def _step_log_probs(
     logp = torch.log_softmax(logits, dim=-1, out=logits if logits.is_contiguous() else None)
     logp[:, s.pad_id] = float("-inf")
     logp[:, s.bos_id] = float("-inf")
-    if step + 1 < s.min_len:
+    if isinstance(step, Tensor):
+        if s.min_len > 1:
+            logp[step + 1 < s.min_len, s.eos_id] = float("-inf")
+    elif step + 1 < s.min_len:
         logp[:, s.eos_id] = float("-inf")
     if force_eos.any():
         eos_col = logp[:, s.eos_id].clone()

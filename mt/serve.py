@@ -6,23 +6,23 @@ validates requests and documents them at ``/docs`` (OpenAPI); uvicorn serves
 it and stops gracefully on SIGINT and SIGTERM (no new connections, the
 requests in flight answered, then exit 0).
 
-Requests that arrive together are decoded together: a ``Batcher`` gathers
-sentences (up to ``max_batch``, waiting at most ``max_wait_ms`` from when
-the first has arrived and a worker is free) with the same search options
-into one batch, and decodes batches on
-worker threads, off the event loop, so the server answers ``/healthz`` while
-it decodes. A translation is the same as ``mt translate``'s with the same
-options.
+Requests that arrive together are decoded together, and continuously: a
+``Batcher`` lets every waiting sentence join a beam search under way at its
+next step and answers each sentence as soon as it is finished
+(``mt.continuous``), on worker threads, off the event loop, so the server
+answers ``/healthz`` while it decodes. A translation is the same as
+``mt translate``'s with the same options.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import copy
 import json
 import math
 import signal
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -37,6 +37,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from starlette.exceptions import HTTPException
 
+from mt.continuous import ContinuousBeamSearch, Sentence
 from mt.inference import Translator
 from mt.inspection import KINDS, force_decode, head_table, translate_with_attention
 from mt.model import Transformer
@@ -63,92 +64,132 @@ class Options(NamedTuple):
 
 
 class _Job(NamedTuple):
-    line: str
+    src: list[int]
     prefix: str
+    prefix_ids: list[int]
     options: Options
     future: asyncio.Future
-    arrived: float
+    loop: asyncio.AbstractEventLoop
+    arrived: float  # time.monotonic()
+
+    def answer(self, result=None, error: BaseException | None = None) -> None:
+        """Hand the result (or the error) to the request waiting on the event loop."""
+
+        def settle() -> None:
+            if not self.future.done():  # the client may have gone
+                self.future.set_exception(error) if error is not None else self.future.set_result(result)
+
+        self.loop.call_soon_threadsafe(settle)
 
 
 class Batcher:
-    """Gathers sentences from concurrent requests into batches and decodes
-    them on ``workers`` threads, each with an equal share of PyTorch's threads."""
+    """Decodes the sentences of concurrent requests together, continuously.
+
+    ``workers`` threads each run a ``ContinuousBeamSearch`` per beam size
+    (``mt.continuous``), with an equal share of PyTorch's threads. A waiting
+    sentence joins a worker's search at its next step, up to ``max_batch``
+    sentences under way in a worker and an even share of the work between
+    workers, and it is answered as soon as it is finished: the batch stays
+    full while sentences keep coming, instead of thinning out until its
+    longest sentence is done. An idle worker waits up to ``max_wait`` from
+    the first arrival, so that sentences sent together start together.
+    """
 
     def __init__(self, translator: Translator, max_batch: int = 64, max_wait_ms: float = 10.0, workers: int = 1):
         self.translator = translator
         self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000
         self.workers = workers
-        threads = max(1, torch.get_num_threads() // workers)
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="mt-serve", initializer=torch.set_num_threads,
-                                       initargs=(threads,))  # fmt: skip
-        self.pending: list[_Job] = []
-        self.arrival = asyncio.Event()
-        self.slots = asyncio.Semaphore(workers)
-        self.task: asyncio.Task | None = None
-        self.batches = 0  # decoded so far (for the tests and /v1/model)
+        self.pending: collections.deque[_Job] = collections.deque()
+        self.under_way = [0] * workers  # sentences in each worker's searches
+        self.changed = threading.Condition()
+        self.stopping = False
+        self.threads: list[threading.Thread] = []
+        self.joins = 0  # times a worker let waiting sentences into its searches (for the tests)
 
     async def translate(self, lines: list[str], prefixes: list[str], options: Options) -> list:
-        """Per line its n-best (translation, score), when its batch has been decoded."""
+        """Per line its n-best (translation, score), once its search has finished it."""
         loop = asyncio.get_running_loop()
-        now = loop.time()
-        jobs = [_Job(line, prefix, options, loop.create_future(), now) for line, prefix in zip(lines, prefixes)]
-        self.pending.extend(jobs)
-        self.arrival.set()
+        ids = self.translator.encode(lines)
+        fixed = self.translator.encode_prefixes(prefixes)
+        now = time.monotonic()
+        jobs = [_Job(*x, options, loop.create_future(), loop, now) for x in zip(ids, prefixes, fixed)]
+        with self.changed:
+            self.pending.extend(jobs)
+            self.changed.notify_all()
         return await asyncio.gather(*(job.future for job in jobs))
 
     def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._gather())
+        threads = max(1, torch.get_num_threads() // self.workers)
+        self.threads = [
+            threading.Thread(target=self._work, args=(i, threads), name=f"mt-serve-{i}", daemon=True)
+            for i in range(self.workers)
+        ]
+        for t in self.threads:
+            t.start()
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
-        self.pool.shutdown(wait=True)
+        """Finish the sentences under way and waiting, then end the workers."""
+        with self.changed:
+            self.stopping = True
+            self.changed.notify_all()
+        await asyncio.get_running_loop().run_in_executor(None, lambda: [t.join() for t in self.threads])
 
-    async def _gather(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            while not self.pending:
-                self.arrival.clear()
-                await self.arrival.wait()
-            await self.slots.acquire()
-            # the batch fills for up to max_wait once a worker is free, not only once a sentence
-            # arrives: under load the clients of the batch just answered are sending their next
-            # sentences, and a batch cut at once would take only those that came during the decode
-            deadline = max(self.pending[0].arrived, loop.time()) + self.max_wait
-            while len(self.pending) < self.max_batch and loop.time() < deadline:
-                self.arrival.clear()
-                try:
-                    await asyncio.wait_for(self.arrival.wait(), deadline - loop.time())
-                except TimeoutError:
+    def _take(self, worker: int) -> list[_Job]:
+        """The waiting sentences this worker lets in now (called with ``changed`` held)."""
+        mine = self.under_way[worker]
+        if not mine:  # idle: give the sentences sent together the time to arrive
+            deadline = self.pending[0].arrived + self.max_wait
+            while len(self.pending) < self.max_batch and not self.stopping:
+                left = deadline - time.monotonic()
+                if left <= 0 or not self.changed.wait(left):
                     break
-            options = self.pending[0].options
-            batch = [job for job in self.pending if job.options == options][: self.max_batch]
-            taken = set(map(id, batch))
-            self.pending = [job for job in self.pending if id(job) not in taken]
-            loop.create_task(self._decode(batch, options))
+        share = -(-(sum(self.under_way) + len(self.pending)) // self.workers)  # an even share, rounded up
+        n = min(len(self.pending), self.max_batch - mine, max(share - mine, 0 if mine else 1))
+        taken = [self.pending.popleft() for _ in range(n)]
+        taken = [job for job in taken if not job.future.done()]  # a client that left is not decoded
+        self.under_way[worker] += len(taken)
+        self.joins += bool(taken)
+        return taken
 
-    async def _decode(self, batch: list[_Job], options: Options) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            live = [job for job in batch if not job.future.done()]  # a client that left is not decoded
-            if live:
-                results = await loop.run_in_executor(self.pool, self._translate, live, options)
-                for job, result in zip(live, results):
-                    if not job.future.done():
-                        job.future.set_result(result)
-            self.batches += 1
-        except Exception as e:  # noqa: BLE001 - every waiting request gets the error, the loop goes on
-            for job in batch:
-                if not job.future.done():
-                    job.future.set_exception(e)
-        finally:
-            self.slots.release()
-
-    def _translate(self, jobs: list[_Job], options: Options) -> list:
-        t = copy.copy(self.translator)  # the batch's own options; the model is shared
-        t.beam, t.alpha = options.beam, options.alpha
-        prefixes = [job.prefix for job in jobs]
-        return t.translate_nbest([job.line for job in jobs], 1, options.n_best, prefixes if any(prefixes) else None)
+    def _work(self, worker: int, threads: int) -> None:
+        torch.set_num_threads(threads)  # this thread's own OpenMP setting
+        t = self.translator
+        searches: dict[int, ContinuousBeamSearch] = {}
+        while True:
+            with self.changed:
+                while not self.pending and not self.under_way[worker] and not self.stopping:
+                    self.changed.wait()
+                if self.stopping and not self.pending and not self.under_way[worker]:
+                    return
+                taken = self._take(worker) if self.pending else []
+            for job in taken:
+                search = searches.get(job.options.beam)
+                if search is None:
+                    search = searches[job.options.beam] = ContinuousBeamSearch(t.model, t.settings, job.options.beam)
+                search.add([Sentence(job.src, job.prefix_ids, job.options.alpha, job.options.n_best, job)])
+            finished = 0
+            for beam, search in list(searches.items()):
+                if not len(search):
+                    continue
+                try:
+                    done = search.step()
+                except Exception as e:  # noqa: BLE001 - its sentences get the error, the worker goes on
+                    done = []
+                    for sentence in search.sentences + search.waiting:
+                        sentence.tag.answer(error=e)
+                        finished += 1
+                    del searches[beam]
+                for sentence, hyps in done:
+                    job = sentence.tag
+                    try:
+                        job.answer(t.texts([(h.tokens, h.score) for h in hyps], job.prefix, job.prefix_ids))
+                    except Exception as e:  # noqa: BLE001
+                        job.answer(error=e)
+                    finished += 1
+            if finished:
+                with self.changed:
+                    self.under_way[worker] -= finished
+                    self.changed.notify_all()
 
 
 # The request bodies. Strict types: a number is not a sentence, "5" is not a beam.

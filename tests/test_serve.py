@@ -152,14 +152,14 @@ def test_requests_that_arrive_together_are_decoded_together(service):
         app = transport.app
         client = httpx.AsyncClient(transport=transport, base_url="http://mt")
         async with app.router.lifespan_context(app), client as c:
-            before = service.batcher.batches
+            before = service.batcher.joins
             lines = SENTENCES * 4
             replies = await asyncio.gather(*(c.post("/v1/translate", json={"text": x}) for x in lines))
-            return lines, replies, service.batcher.batches - before
+            return lines, replies, service.batcher.joins - before
 
-    lines, replies, batches = asyncio.run(go())
+    lines, replies, joins = asyncio.run(go())
     assert [r.json()["translations"][0]["text"] for r in replies] == [n[0][0] for n in offline(service, lines)]
-    assert batches < len(lines) / 2  # 16 one-sentence requests in a few batches (50 ms to gather)
+    assert joins < len(lines) / 2  # 16 one-sentence requests start in a few groups (50 ms to gather)
 
 
 def free_port() -> int:
