@@ -50,6 +50,13 @@ class Int8OutputProjection(OutputProjection):
                 self._source = source
             return self._packed
 
+    def __getstate__(self) -> dict:  # a copy (mt serve's decoding processes) makes its own int8 weight
+        return {k: v for k, v in self.__dict__.items() if k not in ("_lock", "_packed", "_source")}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.adopt()
+
     def forward(self, states: Tensor, weight: Tensor) -> Tensor:
         packed = self._packed_for(weight)
         flat = states.reshape(-1, states.size(-1)).float().contiguous()

@@ -6,30 +6,26 @@ validates requests and documents them at ``/docs`` (OpenAPI); uvicorn serves
 it and stops gracefully on SIGINT and SIGTERM (no new connections, the
 requests in flight answered, then exit 0).
 
-Requests that arrive together are decoded together, and continuously: a
-``Batcher`` lets every waiting sentence join a beam search under way at its
-next step and answers each sentence as soon as it is finished
-(``mt.continuous``), on worker threads, off the event loop, so the server
-answers ``/healthz`` while it decodes. A translation is the same as
-``mt translate``'s with the same options.
+Requests that arrive together are decoded together, and continuously: each
+sentence joins a beam search under way in a decoding process and is
+answered as soon as it is finished (``mt.batcher``), off the event loop, so
+the server answers ``/healthz`` while it decodes. A translation is the same
+as ``mt translate``'s with the same options.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import math
 import signal
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, NamedTuple
+from typing import Annotated
 
-import torch
 import yaml
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,7 +33,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from starlette.exceptions import HTTPException
 
-from mt.continuous import ContinuousBeamSearch, Sentence
+from mt.batcher import Batcher, DecodingError, Options
 from mt.inference import Translator
 from mt.inspection import KINDS, force_decode, head_table, translate_with_attention
 from mt.model import Transformer
@@ -53,143 +49,6 @@ class Limits:
     max_chars: int = 1000  #: characters per sentence (and per prefix)
     max_beam: int = 16
     max_attention_chars: int = 300  #: the attention endpoint draws one sentence
-
-
-class Options(NamedTuple):
-    """Search options: sentences with the same ones share a batch."""
-
-    beam: int
-    alpha: float
-    n_best: int
-
-
-class _Job(NamedTuple):
-    src: list[int]
-    prefix: str
-    prefix_ids: list[int]
-    options: Options
-    future: asyncio.Future
-    loop: asyncio.AbstractEventLoop
-    arrived: float  # time.monotonic()
-
-    def answer(self, result=None, error: BaseException | None = None) -> None:
-        """Hand the result (or the error) to the request waiting on the event loop."""
-
-        def settle() -> None:
-            if not self.future.done():  # the client may have gone
-                self.future.set_exception(error) if error is not None else self.future.set_result(result)
-
-        self.loop.call_soon_threadsafe(settle)
-
-
-class Batcher:
-    """Decodes the sentences of concurrent requests together, continuously.
-
-    ``workers`` threads each run a ``ContinuousBeamSearch`` per beam size
-    (``mt.continuous``), with an equal share of PyTorch's threads. A waiting
-    sentence joins a worker's search at its next step, up to ``max_batch``
-    sentences under way in a worker and an even share of the work between
-    workers, and it is answered as soon as it is finished: the batch stays
-    full while sentences keep coming, instead of thinning out until its
-    longest sentence is done. An idle worker waits up to ``max_wait`` from
-    the first arrival, so that sentences sent together start together.
-    """
-
-    def __init__(self, translator: Translator, max_batch: int = 64, max_wait_ms: float = 10.0, workers: int = 1):
-        self.translator = translator
-        self.max_batch, self.max_wait = max_batch, max_wait_ms / 1000
-        self.workers = workers
-        self.pending: collections.deque[_Job] = collections.deque()
-        self.under_way = [0] * workers  # sentences in each worker's searches
-        self.changed = threading.Condition()
-        self.stopping = False
-        self.threads: list[threading.Thread] = []
-        self.joins = 0  # times a worker let waiting sentences into its searches (for the tests)
-
-    async def translate(self, lines: list[str], prefixes: list[str], options: Options) -> list:
-        """Per line its n-best (translation, score), once its search has finished it."""
-        loop = asyncio.get_running_loop()
-        ids = self.translator.encode(lines)
-        fixed = self.translator.encode_prefixes(prefixes)
-        now = time.monotonic()
-        jobs = [_Job(*x, options, loop.create_future(), loop, now) for x in zip(ids, prefixes, fixed)]
-        with self.changed:
-            self.pending.extend(jobs)
-            self.changed.notify_all()
-        return await asyncio.gather(*(job.future for job in jobs))
-
-    def start(self) -> None:
-        threads = max(1, torch.get_num_threads() // self.workers)
-        self.threads = [
-            threading.Thread(target=self._work, args=(i, threads), name=f"mt-serve-{i}", daemon=True)
-            for i in range(self.workers)
-        ]
-        for t in self.threads:
-            t.start()
-
-    async def stop(self) -> None:
-        """Finish the sentences under way and waiting, then end the workers."""
-        with self.changed:
-            self.stopping = True
-            self.changed.notify_all()
-        await asyncio.get_running_loop().run_in_executor(None, lambda: [t.join() for t in self.threads])
-
-    def _take(self, worker: int) -> list[_Job]:
-        """The waiting sentences this worker lets in now (called with ``changed`` held)."""
-        mine = self.under_way[worker]
-        if not mine:  # idle: give the sentences sent together the time to arrive
-            deadline = self.pending[0].arrived + self.max_wait
-            while len(self.pending) < self.max_batch and not self.stopping:
-                left = deadline - time.monotonic()
-                if left <= 0 or not self.changed.wait(left):
-                    break
-        share = -(-(sum(self.under_way) + len(self.pending)) // self.workers)  # an even share, rounded up
-        n = min(len(self.pending), self.max_batch - mine, max(share - mine, 0 if mine else 1))
-        taken = [self.pending.popleft() for _ in range(n)]
-        taken = [job for job in taken if not job.future.done()]  # a client that left is not decoded
-        self.under_way[worker] += len(taken)
-        self.joins += bool(taken)
-        return taken
-
-    def _work(self, worker: int, threads: int) -> None:
-        torch.set_num_threads(threads)  # this thread's own OpenMP setting
-        t = self.translator
-        searches: dict[int, ContinuousBeamSearch] = {}
-        while True:
-            with self.changed:
-                while not self.pending and not self.under_way[worker] and not self.stopping:
-                    self.changed.wait()
-                if self.stopping and not self.pending and not self.under_way[worker]:
-                    return
-                taken = self._take(worker) if self.pending else []
-            for job in taken:
-                search = searches.get(job.options.beam)
-                if search is None:
-                    search = searches[job.options.beam] = ContinuousBeamSearch(t.model, t.settings, job.options.beam)
-                search.add([Sentence(job.src, job.prefix_ids, job.options.alpha, job.options.n_best, job)])
-            finished = 0
-            for beam, search in list(searches.items()):
-                if not len(search):
-                    continue
-                try:
-                    done = search.step()
-                except Exception as e:  # noqa: BLE001 - its sentences get the error, the worker goes on
-                    done = []
-                    for sentence in search.sentences + search.waiting:
-                        sentence.tag.answer(error=e)
-                        finished += 1
-                    del searches[beam]
-                for sentence, hyps in done:
-                    job = sentence.tag
-                    try:
-                        job.answer(t.texts([(h.tokens, h.score) for h in hyps], job.prefix, job.prefix_ids))
-                    except Exception as e:  # noqa: BLE001
-                        job.answer(error=e)
-                    finished += 1
-            if finished:
-                with self.changed:
-                    self.under_way[worker] -= finished
-                    self.changed.notify_all()
 
 
 # The request bodies. Strict types: a number is not a sentence, "5" is not a beam.
@@ -322,6 +181,10 @@ def create_app(service: Service) -> FastAPI:
     @app.exception_handler(BadRequest)
     async def bad_request(_, exc: BadRequest):
         return _error(exc.status, str(exc))
+
+    @app.exception_handler(DecodingError)
+    async def decoding_failed(_, exc: DecodingError):  # a worker failed or ended; it is replaced, try again
+        return _error(503, f"decoding failed: {exc}")
 
     @app.exception_handler(Exception)
     async def unexpected(_, exc: Exception):  # never a traceback to the client; the server keeps serving

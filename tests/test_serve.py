@@ -3,6 +3,7 @@ real server process (health while decoding, graceful stop on SIGINT and SIGTERM)
 
 import asyncio
 import json
+import os
 import signal
 import socket
 import sys
@@ -160,6 +161,33 @@ def test_requests_that_arrive_together_are_decoded_together(service):
     lines, replies, joins = asyncio.run(go())
     assert [r.json()["translations"][0]["text"] for r in replies] == [n[0][0] for n in offline(service, lines)]
     assert joins < len(lines) / 2  # 16 one-sentence requests start in a few groups (50 ms to gather)
+
+
+def test_a_decoding_process_that_dies_fails_its_requests_and_is_replaced(service):
+    async def go():
+        transport = httpx.ASGITransport(app=create_app(service))
+        app = transport.app
+        async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://mt") as c:
+            first = service.batcher.workers[0]
+            os.kill(first.process.pid, signal.SIGSTOP)  # it takes the request and can never answer it
+            try:
+                pending = asyncio.ensure_future(c.post("/v1/translate", json={"text": SENTENCES[0]}, timeout=600))
+                await asyncio.sleep(0.5)
+                assert first.jobs and not pending.done()
+            finally:  # a stopped process would hold up the app's shutdown
+                os.kill(first.process.pid, signal.SIGKILL)
+            failed = await pending
+            for _ in range(600):  # its reader starts a new process (generous: a busy machine)
+                if service.batcher.workers[0] is not first:
+                    break
+                await asyncio.sleep(0.1)
+            replies = await asyncio.gather(*(c.post("/v1/translate", json={"text": x}, timeout=600) for x in SENTENCES))
+            return failed, replies, service.batcher.workers[0] is not first
+
+    failed, replies, replaced = asyncio.run(go())
+    assert failed.status_code == 503 and "the decoding process ended" in failed.json()["error"]
+    assert replaced
+    assert [r.json()["translations"][0]["text"] for r in replies] == [n[0][0] for n in offline(service, SENTENCES)]
 
 
 def free_port() -> int:
