@@ -10,9 +10,10 @@ measured 1.2x one, two processes 1.8x; docs/results.md, "mt serve under
 load"). The server's process keeps the event loop, the tokenizer and the
 texts; a worker gets token ids and sends back token ids.
 
-A worker lets waiting sentences in once ``JOIN_AT_ONCE`` wait or the first
-has waited ``max_wait``: each join runs the encoder and copies the cache,
-which for one sentence costs a third of a step. An idle worker waits up to
+A worker lets waiting sentences into a search under way once a quarter of
+the search's count (at least ``JOIN_AT_ONCE``) wait, or the first has waited
+``JOIN_WAITS * max_wait``: each join runs the encoder and copies the whole
+cache, so joining every step took a third of a worker's time. An idle worker waits up to
 ``max_wait`` from the first arrival, so that sentences sent together start
 together. Each sentence goes to the worker with the fewest outstanding.
 """
@@ -30,11 +31,13 @@ from typing import NamedTuple
 
 import torch
 
+from mt.allocator import keep_freed_memory
 from mt.continuous import ContinuousBeamSearch, Sentence
 from mt.inference import Translator
 from mt.search import SearchSettings
 
 JOIN_AT_ONCE = 4
+JOIN_WAITS = 5
 
 
 class Options(NamedTuple):
@@ -193,6 +196,7 @@ def _decode(model, settings: SearchSettings, jobs, results, threads: int, max_ba
     """A worker process: receive sentences, decode them continuously, send back each when finished."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides
     torch.set_num_threads(threads)
+    keep_freed_memory()
     searches: dict[int, ContinuousBeamSearch] = {}
     waiting: list[tuple[float, int, Sentence]] = []  # (arrived, beam, sentence)
     under_way = joins = 0
@@ -225,8 +229,14 @@ def _decode(model, settings: SearchSettings, jobs, results, threads: int, max_ba
             else:
                 while receive(0):
                     pass
-            ready = not under_way or stopping or len(waiting) >= JOIN_AT_ONCE
-            if waiting and under_way < max_batch and (ready or time.monotonic() - waiting[0][0] >= max_wait):
+            # a join costs more the fuller the search: let a quarter of it in at once, or whoever has
+            # waited JOIN_WAITS times max_wait (about four steps of a full search)
+            ready = not under_way or stopping or len(waiting) >= max(JOIN_AT_ONCE, under_way // 4)
+            if (
+                waiting
+                and under_way < max_batch
+                and (ready or time.monotonic() - waiting[0][0] >= JOIN_WAITS * max_wait)
+            ):
                 taken, waiting = waiting[: max_batch - under_way], waiting[max_batch - under_way :]
                 for _, beam, sentence in taken:
                     if beam not in searches:

@@ -359,14 +359,21 @@ def _add_serve(sub) -> None:
         "serve",
         help="serve translation and attention over HTTP, with a web page",
         description="Serve the model: a page at /, the API under /v1 (docs at /docs), /healthz. Requests that "
-        "arrive together are decoded together (up to --max-batch sentences, waiting at most --max-wait-ms). "
+        "arrive together are decoded together, and continuously: sentences join a beam search under way and are "
+        "answered when finished (up to --max-batch at once per worker process). "
         "SIGINT or SIGTERM stops it gracefully. Needs the serve extra: pip install -e '.[serve]'.",
     )
     _add_decoding_options(p)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
-    p.add_argument("--max-batch", type=int, default=64, help="most sentences decoded together (default 64)")
-    p.add_argument("--max-wait-ms", type=float, default=10.0, help="longest wait for a batch to fill (default 10)")
+    p.add_argument("--max-batch", type=int, default=64, help="most sentences a worker decodes together (default 64)")
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=10.0,
+        help="an idle worker waits this long for the sentences sent together to arrive; one "
+        "under way lets a sentence join after at most 5x this (default 10)",
+    )
     p.add_argument("--max-lines", type=int, default=64, help="most sentences per request (default 64)")
     p.add_argument("--max-chars", type=int, default=1000, help="most characters per sentence (default 1000)")
 

@@ -319,7 +319,7 @@ def run(args) -> None:
         raise MTError(f"--port must be between 1 and 65535, got {args.port}")
     translator, meta = _translator(args)
     workers = translator.workers
-    translator.workers = 1  # the batcher runs `workers` batches at once, each on one thread's share
+    translator.workers = 1  # mt serve's --workers are decoding processes (mt.batcher), each with its share of threads
     inspect_model, tok, _ = load(args.model[0], fast=False)
     service = Service(
         translator, inspect_model, tok, model_info(Path(args.model[0]), inspect_model, meta, len(args.model)),
