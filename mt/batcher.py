@@ -52,7 +52,6 @@ class _Job(NamedTuple):
     src: list[int]
     prefix: str
     prefix_ids: list[int]
-    options: Options
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
 
@@ -124,7 +123,7 @@ class Batcher:
         loop = asyncio.get_running_loop()
         ids = self.translator.encode(lines)
         fixed = self.translator.encode_prefixes(prefixes)
-        jobs = [_Job(*x, options, loop.create_future(), loop) for x in zip(ids, prefixes, fixed)]
+        jobs = [_Job(*x, loop.create_future(), loop) for x in zip(ids, prefixes, fixed)]
         now = time.monotonic()
         batches: dict[int, tuple[_Worker, list]] = {}
         with self.lock:

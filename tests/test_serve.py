@@ -1,4 +1,4 @@
-"""mt serve: the API through an HTTP client against the app, micro-batching, and the
+"""mt serve: the API through an HTTP client against the app, batching, a decoding process that dies, and the
 real server process (health while decoding, graceful stop on SIGINT and SIGTERM)."""
 
 import asyncio
