@@ -21,6 +21,7 @@ together. Each sentence goes to the worker with the fewest outstanding.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
 import multiprocessing
 import signal
@@ -101,6 +102,11 @@ class Batcher:
 
     def start(self) -> None:
         self.workers = [self._spawn() for _ in range(self.size)]
+        # at exit multiprocessing ends the workers (daemons): they are not to be replaced then
+        atexit.register(self._exiting)
+
+    def _exiting(self) -> None:
+        self.stopping = True
 
     def _spawn(self) -> _Worker:
         ctx = multiprocessing.get_context("spawn")  # no fork of a process with threads
@@ -157,6 +163,7 @@ class Batcher:
     async def stop(self) -> None:
         """Let the workers finish the sentences they have, then end them."""
         self.stopping = True
+        atexit.unregister(self._exiting)
         for w in self.workers:
             with contextlib.suppress(OSError):  # it has ended already
                 w.send.send(("stop",))

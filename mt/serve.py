@@ -143,10 +143,10 @@ def create_app(service: Service) -> FastAPI:
     """The application: the API under /v1, /healthz, and the page at /."""
 
     async def lifespan(app: FastAPI):
-        service.batcher = Batcher(service.translator, service.max_batch, service.max_wait_ms, service.workers)
-        service.batcher.start()
+        batcher = service.batcher = Batcher(service.translator, service.max_batch, service.max_wait_ms, service.workers)
+        batcher.start()
         yield
-        await service.batcher.stop()
+        await batcher.stop()  # this app's own, whatever another app on the same service has set since
         service.inspect_pool.shutdown(wait=True)
 
     app = FastAPI(
