@@ -109,7 +109,7 @@ def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
     bfloat16 on CUDA GPUs that support it, float32 elsewhere (on CPUs with
     native bfloat16, ``bfloat16`` pays for wide models only: docs/performance.md).
     Search scores stay float32 either way."""
-    if name == "int8":  # the weights stay float32; mt.int8 makes the output projection's int8 copy
+    if name == "int8":  # the weights stay float32; mt.int8 makes int8 copies of those it uses
         return torch.float32
     if name != "auto":
         return getattr(torch, name)

@@ -43,7 +43,7 @@ import mt.fastpath
 from mt.allocator import keep_freed_memory
 from mt.config import ModelConfig
 from mt.fastpath import speed_up
-from mt.hardware import BF16_USABLE, bf16_speedup, matmul_peak
+from mt.hardware import BF16_USABLE, VNNI, bf16_speedup, cpuinfo, matmul_peak
 from mt.inference import map_in_threads
 from mt.int8 import quantize
 from mt.model import Transformer
@@ -179,7 +179,7 @@ def main() -> None:
     ours = speed_up(ours).eval()  # as mt translate loads a model
     ours_bf16 = speed_up(Transformer(ours.cfg)).eval().to(torch.bfloat16)
     ours_bf16.load_state_dict(ours.state_dict())
-    ours_int8 = speed_up(Transformer(ours.cfg)).eval()  # --dtype int8: the output projection in int8 (mt/int8.py)
+    ours_int8 = speed_up(Transformer(ours.cfg)).eval()  # as --dtype int8 (mt/int8.py)
     ours_int8.load_state_dict(ours.state_dict())
     quantize(ours_int8)
     # bf16 rows only where bfloat16 has a fast path (not on AVX2-only CPUs, where it is ~400x slower)
@@ -278,6 +278,8 @@ def main() -> None:
         f"{args.rounds} rounds (transformers {transformers.__version__}, ctranslate2 {ctranslate2.__version__}, "
         f"torch {torch.__version__}; allocator: {'freed memory kept' if args.keep_freed_memory else 'defaults'})"
     )
+    simd = sorted(f for f in cpuinfo("flags").split() if f.startswith(("avx", "amx", "fma")))
+    print(f"CPU: {cpuinfo('model name') or 'unknown'}, {torch.get_num_threads()} threads; {' '.join(simd)}")
     print(f"{'':<22}" + "".join(f"{searches[beam]:>9}" for beam in searches))
     for name in engines:
         print(f"{name:<22}" + "".join(f"{best[beam, name]:>9.0f}" for beam in searches))
@@ -295,8 +297,9 @@ def main() -> None:
     print(
         f"{'/'.join(peaks)} ceiling: sentences/s if every matrix product ran at the matmul peak measured here "
         f"({' / '.join(f'{peak / 1e9:.0f}' for peak in peaks.values())} GFLOP/s) and nothing else took time. "
-        "mt bf16 keeps search scores in float32; mt int8 computes the output projection in int8 and the "
-        "layers in float32; CT2 int8 computes in int8."
+        "mt bf16 keeps search scores in float32; mt int8 computes "
+        + ("every linear layer and the output projection" if VNNI else "the output projection (no VNNI here)")
+        + " in int8 and attention in float32; CT2 int8 computes in int8."
     )
     print(
         "mt fp32 products alone: sentences/s if mt fp32's matrix products (the calls its search made, recorded "
