@@ -238,8 +238,9 @@ class CT2Translator:
     """A CTranslate2 export decoded with CTranslate2, with ``mt``'s tokenizer on
     both sides: the same text in and out, and the same methods ``mt translate``
     and ``mt evaluate`` use, as ``mt.inference.Translator``. CTranslate2 limits
-    the output length per batch: a batch's limit is that of its longest source.
-    Prefixes (``mt translate --prefix-file``) are not supported here."""
+    the output length per batch, by its longest source: greedy outputs are cut
+    to their own sentence's limit, beam search's keep the batch's. Prefixes (``mt translate --prefix-file``)
+    are not supported here."""
 
     def __init__(
         self,
@@ -303,10 +304,30 @@ class CT2Translator:
                 pieces, beam_size=self.beam, length_penalty=self.alpha, num_hypotheses=n_best, return_scores=True,
                 max_decoding_length=max(1, min(limit - 1, most)), max_input_length=0,
             )  # fmt: skip
-            for i, result in zip(batch, results):
-                ids_out = [[self.tok.tgt.piece_to_id(p) for p in h] for h in result.hypotheses]
-                out[i] = list(zip(self.tok.decode_tgt(ids_out), result.scores))
+            hypotheses = [(r.hypotheses, r.scores) for r in results]
+            if self.beam == 1:
+                hypotheses = self._cut_to_own_limits(pieces, hypotheses)
+            for i, (hyps, scores) in zip(batch, hypotheses):
+                ids_out = [[self.tok.tgt.piece_to_id(p) for p in h] for h in hyps]
+                out[i] = list(zip(self.tok.decode_tgt(ids_out), scores))
         return out
+
+    def _cut_to_own_limits(self, pieces: list[list[str]], hypotheses: list[tuple[list, list]]) -> list[tuple]:
+        """Greedy outputs cut to each sentence's own length limit, as mt's search has
+        it (CTranslate2's is the batch's). Greedy search picks each token whatever
+        the limit, so the cut output is what the sentence's own limit gives; mt ends
+        it there with a forced EOS, and the cut output is scored that way."""
+        cut = []
+        for k, (src, (hyps, _)) in enumerate(zip(pieces, hypotheses)):
+            own = int(self.settings.max_len_a * (len(src) + 1) + self.settings.max_len_b)
+            most = max(1, min(self.max_positions - 1, own)) - 1  # tokens before the EOS
+            if len(hyps[0]) > most:
+                cut.append((k, hyps[0][:most]))
+        if cut:
+            scored = self.translator.score_batch([pieces[k] for k, _ in cut], [h for _, h in cut])
+            for (k, h), result in zip(cut, scored):  # log-probabilities of h's tokens and the EOS
+                hypotheses[k] = ([h], [sum(result.log_probs) / len(result.log_probs) ** self.alpha])
+        return hypotheses
 
     def stream(self, lines, chunk: int = 1000, n_best: int = 1, prefixes=None):
         from mt.inference import Translator

@@ -43,6 +43,19 @@ def test_the_export_translates_as_mt_does(toy_run, exported, toy_test_lines):
     assert not out.with_name(out.name + ".partial").exists()
 
 
+def test_greedy_outputs_keep_their_own_length_limit(toy_run, exported):
+    """CTranslate2 limits a batch's outputs by its longest source; greedy outputs are
+    cut to each sentence's own limit and scored as mt ends them, with a forced EOS."""
+    model, tok, _ = load(toy_run)
+    lines = ["a cat runs", "the big dog sees a red bird and the small cat sees the old fish", "dogs run"]
+    limits = {"max_len_a": 0.5, "max_len_b": 1}  # shorter than the translations: every output is cut
+    ours = Translator(model, tok, beam=1, workers=1, **limits).translate_nbest(lines)
+    theirs = CT2Translator(exported[0], beam=1, **limits).translate_nbest(lines)
+    assert [h[0][0] for h in theirs] == [h[0][0] for h in ours]
+    assert len({len(h[0][0].split()) for h in ours}) > 1  # the limits differ within the batch
+    assert [h[0][1] for h in theirs] == pytest.approx([h[0][1] for h in ours], abs=1e-4)
+
+
 @pytest.fixture(scope="module")
 def toy_test_lines(toy_data):
     from mt.data import Split
