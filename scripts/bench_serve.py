@@ -5,8 +5,9 @@
 Translates the sentences offline first (``mt translate``'s Translator, the same
 options), then starts ``mt serve`` on loopback and, for each client count, runs
 that many concurrent clients for a bounded time, each sending one sentence per
-request (client i takes sentences i, i + C, ...). Reports sentences/s, p50/p99
-latency, errors, and answers that differ from the offline translation. A
+request (client i takes sentences i, i + C, ...), while a health check goes
+every 50 ms. Reports sentences/s, p50/p99 latency, errors, answers that differ
+from the offline translation, and the health checks' p99 latency. A
 benchmark, not a test: the figures depend on the machine and its load.
 """
 
@@ -85,14 +86,37 @@ def load_test(port: int, lines: list[str], want: list[str], clients: int, second
                 mismatches += reply["translations"][0]["text"] != want[n]
         conn.close()
 
+    health: list[float] = []
+    finished = threading.Event()
+
+    def probe() -> None:  # a health check every 50 ms, as a load balancer would send
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        while True:  # the first at once: every load test gets at least one
+            t0 = time.perf_counter()
+            try:
+                conn.request("GET", "/healthz")
+                conn.getresponse().read()
+                health.append(time.perf_counter() - t0)
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+            if finished.wait(0.05):
+                break
+        conn.close()
+
     start = time.perf_counter()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    prober = threading.Thread(target=probe)
+    prober.start()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    finished.set()
+    prober.join()
     latencies.sort()
+    health.sort()
     return {
         "clients": clients,
         "sentences": len(latencies),
@@ -101,6 +125,7 @@ def load_test(port: int, lines: list[str], want: list[str], clients: int, second
         "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("nan"),
         "errors": errors,
         "mismatches": mismatches,
+        "healthz_p99_ms": 1000 * health[min(len(health) - 1, int(0.99 * len(health)))] if health else float("nan"),
     }
 
 
@@ -140,12 +165,13 @@ def main() -> None:
         server.terminate()  # mt serve stops gracefully on SIGTERM
         server.wait()
     print(f"mt translate (offline, same sentences, beam {args.beam}): {offline_rate:.1f} sentences/s")
-    print("| clients | sentences | sentences/s | × offline | p50 ms | p99 ms | errors | differ from offline |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| clients | sentences | sentences/s | × offline | p50 ms | p99 ms | errors | differ from offline "
+          "| /healthz p99 ms |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         print(f"| {r['clients']} | {r['sentences']} | {r['sentences_per_s']:.1f} | "
               f"{r['sentences_per_s'] / offline_rate:.2f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
-              f"{r['errors']} | {r['mismatches']} |")  # fmt: skip
+              f"{r['errors']} | {r['mismatches']} | {r['healthz_p99_ms']:.0f} |")  # fmt: skip
 
 
 if __name__ == "__main__":
