@@ -16,13 +16,6 @@ the search's count (at least ``JOIN_AT_ONCE``) wait, or the first has waited
 cache, so joining every step took a third of a worker's time. An idle worker waits up to
 ``max_wait`` from the first arrival, so that sentences sent together start
 together. Each sentence goes to the worker with the fewest outstanding.
-
-Workers run at a lower priority than the server's process (``NICENESS``):
-they keep the cores busy, and each request passes through the server's
-event loop and reader threads several times, which would otherwise wait
-for a core behind them: sentences would sit outside the searches, which
-would run emptier, and health checks would wait too (measured in
-docs/results.md, "mt serve under load").
 """
 
 from __future__ import annotations
@@ -31,7 +24,6 @@ import asyncio
 import atexit
 import contextlib
 import multiprocessing
-import os
 import signal
 import threading
 import time
@@ -47,7 +39,6 @@ from mt.search import SearchSettings
 
 JOIN_AT_ONCE = 4
 JOIN_WAITS = 5
-NICENESS = 10  #: added to a worker's nice value: the server's process gets a core first
 
 
 class Options(NamedTuple):
@@ -211,8 +202,6 @@ def _decode(model, settings: SearchSettings, jobs, results, threads: int, max_ba
     """A worker process: receive sentences, decode them continuously, send back each when finished."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server decides
     torch.set_num_threads(threads)
-    if hasattr(os, "nice"):  # POSIX
-        os.nice(NICENESS)
     keep_freed_memory()
     searches: dict[int, ContinuousBeamSearch] = {}
     waiting: list[tuple[float, int, Sentence]] = []  # (arrived, beam, sentence)
