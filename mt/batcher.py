@@ -10,8 +10,8 @@ measured 1.2x one, two processes 1.8x; docs/results.md, "mt serve under
 load"). The server's process keeps the event loop, the tokenizer and the
 texts; a worker gets token ids and sends back token ids.
 
-A worker lets waiting sentences into a search under way once a quarter of
-the search's count (at least ``JOIN_AT_ONCE``) wait, or the first has waited
+A worker lets waiting sentences into a search under way once they are a
+quarter of the search's count, or the first has waited
 ``JOIN_WAITS * max_wait``: each join runs the encoder and copies the whole
 cache, so joining every step took a third of a worker's time. An idle worker waits up to
 ``max_wait`` from the first arrival, so that sentences sent together start
@@ -37,7 +37,6 @@ from mt.continuous import ContinuousBeamSearch, Sentence
 from mt.inference import Translator
 from mt.search import SearchSettings
 
-JOIN_AT_ONCE = 4
 JOIN_WAITS = 5
 
 
@@ -237,7 +236,7 @@ def _decode(model, settings: SearchSettings, jobs, results, threads: int, max_ba
                     pass
             # a join costs more the fuller the search: let a quarter of it in at once, or whoever has
             # waited JOIN_WAITS times max_wait (about four steps of a full search)
-            ready = not under_way or stopping or len(waiting) >= max(JOIN_AT_ONCE, under_way // 4)
+            ready = not under_way or stopping or len(waiting) >= under_way // 4
             if (
                 waiting
                 and under_way < max_batch
