@@ -5,11 +5,11 @@ magnitude mapped to 127) from the float32 weight the first time it is used,
 and again if it changes: nothing is stored, no second model file. Each call's
 inputs are quantized on the fly (one scale per call) by PyTorch's dynamic
 int8 linear. Which products go int8 depends on the CPU (measured in
-docs/results.md, "Export to CTranslate2"):
+docs/results.md, "Export to CTranslate2" and "int8 on a CPU with VNNI"):
 
 * with VNNI (an int8 multiply-add in one instruction: AVX512-VNNI or
   AVX-VNNI), every product with a weight: the linear layers, the fast
-  path's stacked Q/K/V product and the output projection, each 2-3x float32
+  path's stacked Q/K/V product and the output projection, 1.4-3.6x float32
   at decoding shapes;
 * without VNNI, the output projection alone, the one product int8 speeds up
   there (1.6-1.8x); the layers' products gain at most 1.25x and lose up to
@@ -33,8 +33,8 @@ from mt.hardware import VNNI
 from mt.model import OutputProjection
 
 # PyTorch's x86 engine takes fbgemm's kernels, the faster at the layers' shapes;
-# oneDNN's are 4-5x faster than fbgemm's for a beam's (320, 8000) output
-# projection on a VNNI CPU, where fbgemm's is slower than float32.
+# oneDNN's are 3-5x faster than fbgemm's for a beam's (320, 8000) output
+# projection on a VNNI CPU, where fbgemm's is no faster than float32.
 LAYER_ENGINE = "x86"
 OUTPUT_ENGINE = "onednn" if VNNI else "x86"
 # Without VNNI, products of int8 pairs are summed in 16 bits first: activations
