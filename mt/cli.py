@@ -139,9 +139,9 @@ def _add_decoding_options(p) -> None:
         default=d.dtype,
         help="weights and activations while decoding: auto (default) = bfloat16 on GPUs that support it, "
         "else float32. On CPUs with native bfloat16 it pays for wide models only; on AVX2-only CPUs it is "
-        "hundreds of times slower (a warning says so). int8 (CPU): products with int8 weights, quantized "
-        "from the float32 ones at load: every linear layer where the CPU has VNNI, else the output projection "
-        "alone, the one that gains there (mt/int8.py). Attention and search scores stay float32.",
+        "hundreds of times slower (a warning says so). int8 (CPU): products with int8 weights, made from "
+        "the float32 ones (no second model file): every linear layer where the CPU has VNNI, else the output "
+        "projection alone, the one that gains there (mt/int8.py). Attention and search scores stay float32.",
     )
 
 

@@ -239,8 +239,8 @@ class CT2Translator:
     both sides: the same text in and out, and the same methods ``mt translate``
     and ``mt evaluate`` use, as ``mt.inference.Translator``. CTranslate2 limits
     the output length per batch, by its longest source: greedy outputs are cut
-    to their own sentence's limit, beam search's keep the batch's. Prefixes (``mt translate --prefix-file``)
-    are not supported here."""
+    to their own sentence's limit, beam search's keep the batch's. Prefixes
+    (``mt translate --prefix-file``) are not supported here."""
 
     def __init__(
         self,
@@ -298,11 +298,9 @@ class CT2Translator:
         for start in range(0, len(todo), self.batch_size):
             batch = todo[start : start + self.batch_size]
             pieces = [self.tok.src_pieces(ids[i][:-1][: limit - 1]) for i in batch]  # CTranslate2 adds the EOS
-            longest = max(len(p) for p in pieces) + 1
-            most = int(self.settings.max_len_a * longest + self.settings.max_len_b)
             results = self.translator.translate_batch(
                 pieces, beam_size=self.beam, length_penalty=self.alpha, num_hypotheses=n_best, return_scores=True,
-                max_decoding_length=max(1, min(limit - 1, most)), max_input_length=0,
+                max_decoding_length=max(self._most_tokens(p) for p in pieces), max_input_length=0,
             )  # fmt: skip
             hypotheses = [(r.hypotheses, r.scores) for r in results]
             if self.beam == 1:
@@ -312,6 +310,12 @@ class CT2Translator:
                 out[i] = list(zip(self.tok.decode_tgt(ids_out), scores))
         return out
 
+    def _most_tokens(self, src: list[str]) -> int:
+        """The most tokens mt's search generates for a source of these pieces, EOS
+        included (``mt.search.max_lengths``; CTranslate2 adds the source's EOS)."""
+        own = int(self.settings.max_len_a * (len(src) + 1) + self.settings.max_len_b)
+        return max(1, min(self.max_positions - 1, own))
+
     def _cut_to_own_limits(self, pieces: list[list[str]], hypotheses: list[tuple[list, list]]) -> list[tuple]:
         """Greedy outputs cut to each sentence's own length limit, as mt's search has
         it (CTranslate2's is the batch's). Greedy search picks each token whatever
@@ -319,8 +323,7 @@ class CT2Translator:
         it there with a forced EOS, and the cut output is scored that way."""
         cut = []
         for k, (src, (hyps, _)) in enumerate(zip(pieces, hypotheses)):
-            own = int(self.settings.max_len_a * (len(src) + 1) + self.settings.max_len_b)
-            most = max(1, min(self.max_positions - 1, own)) - 1  # tokens before the EOS
+            most = self._most_tokens(src) - 1  # tokens before the EOS
             if len(hyps[0]) > most:
                 cut.append((k, hyps[0][:most]))
         if cut:

@@ -55,6 +55,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def p99(values: list[float]) -> float:
+    """The 99th percentile of sorted ``values`` (nan if none)."""
+    return values[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan")
+
+
 def load_test(port: int, lines: list[str], want: list[str], clients: int, seconds: float, beam: int) -> dict:
     latencies: list[float] = []
     errors = mismatches = 0
@@ -123,10 +128,10 @@ def load_test(port: int, lines: list[str], want: list[str], clients: int, second
         "sentences": len(latencies),
         "sentences_per_s": len(latencies) / wall,
         "p50_ms": 1000 * statistics.median(latencies) if latencies else float("nan"),
-        "p99_ms": 1000 * latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else float("nan"),
+        "p99_ms": 1000 * p99(latencies),
         "errors": errors,
         "mismatches": mismatches,
-        "healthz_p99_ms": 1000 * health[min(len(health) - 1, int(0.99 * len(health)))] if health else float("nan"),
+        "healthz_p99_ms": 1000 * p99(health),
     }
 
 

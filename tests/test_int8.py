@@ -16,6 +16,13 @@ from mt.int8 import Int8Linear, Int8OutputProjection, Int8StackedProduct, quanti
 TOLERANCE = 2.0
 
 
+def _assert_keeps_its_bleu(fp32: list[str], int8: list[str], refs: list[str]) -> None:
+    fp32_bleu = sacrebleu.corpus_bleu(fp32, [refs]).score
+    int8_bleu = sacrebleu.corpus_bleu(int8, [refs]).score
+    assert sum(a != b for a, b in zip(int8, fp32)) <= 10  # of 100 sentences
+    assert fp32_bleu > 80 and int8_bleu >= fp32_bleu - TOLERANCE, (fp32_bleu, int8_bleu)
+
+
 def test_rows_are_quantized_to_within_half_a_step():
     w = torch.randn(50, 16) * torch.logspace(-3, 1, 50)[:, None]  # rows of very different sizes
     int8, scales = quantize_rows(w)
@@ -38,10 +45,7 @@ def test_the_output_projection_in_int8_keeps_the_logits_close_and_the_bleu(toy_r
     assert any(isinstance(m, Int8OutputProjection) for m in model.modules())
     assert not any(isinstance(m, Int8Linear) for m in model.modules())
     assert (got - want).abs().max() <= 0.02 * want.abs().max()  # a per-row int8 weight, per-call int8 states
-    fp32_bleu = sacrebleu.corpus_bleu(fp32, [test.tgt_text]).score
-    int8_bleu = sacrebleu.corpus_bleu(int8, [test.tgt_text]).score
-    assert sum(a != b for a, b in zip(int8, fp32)) <= 10  # of 100 sentences
-    assert fp32_bleu > 80 and int8_bleu >= fp32_bleu - TOLERANCE, (fp32_bleu, int8_bleu)
+    _assert_keeps_its_bleu(fp32, int8, test.tgt_text)
 
 
 def test_every_product_in_int8_keeps_the_logits_close_and_the_bleu(toy_run, toy_data):
@@ -61,13 +65,11 @@ def test_every_product_in_int8_keeps_the_logits_close_and_the_bleu(toy_run, toy_
         assert all(torch.equal(m(src, tgt), got) for m in copied)  # each makes its own int8 weights, the same
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     assert linears and all(isinstance(m, Int8Linear) for m in linears)
-    assert all(isinstance(m.w_qkv, Int8StackedProduct) for m in model.modules() if hasattr(m, "w_qkv"))
+    stacked = [m.w_qkv for m in model.modules() if hasattr(m, "w_qkv")]  # the fast path's Q/K/V products
+    assert stacked and all(isinstance(w, Int8StackedProduct) for w in stacked)
     assert model.int8 == "layers and output"
     assert (got - want).abs().max() <= 0.05 * want.abs().max()  # every layer's inputs rounded to 8 bits
-    fp32_bleu = sacrebleu.corpus_bleu(fp32, [test.tgt_text]).score
-    int8_bleu = sacrebleu.corpus_bleu(int8, [test.tgt_text]).score
-    assert sum(a != b for a, b in zip(int8, fp32)) <= 10  # of 100 sentences
-    assert fp32_bleu > 80 and int8_bleu >= fp32_bleu - TOLERANCE, (fp32_bleu, int8_bleu)
+    _assert_keeps_its_bleu(fp32, int8, test.tgt_text)
 
 
 def test_the_commands_decode_in_int8_on_the_cpu_only(toy_run, tmp_path, capsys):
