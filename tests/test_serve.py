@@ -131,12 +131,25 @@ def test_attention_is_what_mt_attention_captures(client, service):
         (b'{"text": ["a", "b"], "prefix": "x"}', 422, "prefix must be a list of 2 strings"),
         (json.dumps({"text": "a", "prefix": "x " * 300}).encode(), 422, "subword tokens, more than the model's"),
         (json.dumps({"text": ["a"], "prefix": ["b" * 1001]}).encode(), 413, "prefix[0] has 1001 characters"),
+        (b'{"text": "a"' + b" " * 300_000 + b"}", 413, "the body is larger than 196352 bytes"),
     ],
 )
 def test_bad_requests_are_clear_4xx_and_the_server_keeps_serving(client, body, status, message):
     r = client.post("/v1/translate", content=body, headers={"content-type": "application/json"})
     assert r.status_code == status, r.text
     assert message in r.json()["error"] and "Traceback" not in r.text
+    assert client.post("/v1/translate", json={"text": "a cat runs"}).status_code == 200
+
+
+def test_a_body_without_its_length_is_not_read_past_the_limit(client):
+    def chunks():  # no Content-Length: the server counts what it reads
+        yield b'{"text": "a"'
+        for _ in range(100):
+            yield b" " * 4096
+        yield b"}"
+
+    r = client.post("/v1/translate", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "larger than" in r.json()["error"]
     assert client.post("/v1/translate", json={"text": "a cat runs"}).status_code == 200
 
 
