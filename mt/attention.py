@@ -184,8 +184,8 @@ class MultiHeadAttention(nn.Module):
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, need_weights: bool, temperature: float
     ) -> tuple[Tensor, Tensor | None]:
-        """The heads' outputs (B, H, T_q, D_h), and their weights (B, H, T_q, T_k) if asked for.
-        The explicit path whenever weights are asked for; else the fused kernel where ``use_fused``."""
+        """The heads' outputs (B, H, T_q, D_h), and their weights (B, H, T_q, T_k) if asked for
+        (``core``); the query rows of beams that share a source are grouped against it."""
         dropout = self.dropout if self.training else 0.0
         groups = q.size(0) // k.size(0)  # G query rows per key row (beams sharing their source)
         if groups * k.size(0) != q.size(0):
@@ -194,21 +194,33 @@ class MultiHeadAttention(nn.Module):
             if mask is not None and (mask.size(-2) != 1 or mask.size(0) not in (1, k.size(0))):
                 raise ValueError("grouped queries need a mask per key row without a query dimension")
             q = _group(q, groups)  # (B, H, G*T_q, D_h)
-        if need_weights or not self.use_fused(q.device):
-            out, weights = scaled_dot_product_attention(q, k, v, mask, temperature, dropout=dropout)
-        else:
-            weights, has_key = None, None
-            if mask is not None:  # the explicit path's rule: a row with no key gets zeros
-                has_key = mask.any(dim=-1, keepdim=True)
-                mask = mask | ~has_key
-            scale = 1.0 / (math.sqrt(self.d_head) * temperature)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
-            if has_key is not None:
-                out = out * has_key
+        out, weights = self.core(q, k, v, mask, need_weights, temperature, dropout)
         if groups > 1:
             out = _ungroup(out, groups)  # (B*G, H, T_q, D_h)
             weights = _ungroup(weights, groups) if need_weights else None
         return out, weights if need_weights else None
+
+    def core(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        need_weights: bool,
+        temperature: float,
+        dropout: float,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention of (grouped) query rows: the explicit path whenever weights are asked
+        for, else the fused kernel where ``use_fused``. -> output, weights or None."""
+        if need_weights or not self.use_fused(q.device):
+            return scaled_dot_product_attention(q, k, v, mask, temperature, dropout=dropout)
+        has_key = None
+        if mask is not None:  # the explicit path's rule: a row with no key gets zeros
+            has_key = mask.any(dim=-1, keepdim=True)
+            mask = mask | ~has_key
+        scale = 1.0 / (math.sqrt(self.d_head) * temperature)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
+        return (out if has_key is None else out * has_key), None
 
     def use_fused(self, device: torch.device) -> bool:
         """The fused kernel where it is faster: on CUDA. On CPU, at translation

@@ -9,9 +9,12 @@ changes where gradients are needed: training runs the textbook path.
 * Linear layers and the output projection run through oneDNN on x86 CPUs
   (faster than MKL's at decoding shapes) with their weights packed once into
   oneDNN's blocked layout, and with ReLU fused into the feed-forward product. Everything else (CUDA, other CPUs,
-  bfloat16 where oneDNN has none, small weights on AVX2-only CPUs) takes
+  bfloat16 where oneDNN has none, small weights) takes
   ``F.linear``.
 * Self-attention projects Q, K and V in one product of stacked weights.
+* Attention adds each mask as a bias of 0 and -inf to its scores, made once
+  per mask for all the layers that share it, where the textbook path
+  derives a fill from the mask again in every layer (same values).
 * The decoder's key/value cache grows in place (room for more positions)
   instead of being copied at every step, and beam search's reordering of it
   is carried out by the next step's append, in one copy instead of two.
@@ -21,6 +24,7 @@ What each of these gains, measured: docs/performance.md.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import NamedTuple, TypeVar
 
@@ -28,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mt.attention import KV, MultiHeadAttention
+from mt.attention import KV, MultiHeadAttention, softmax
 from mt.hardware import ONEDNN, ONEDNN_BF16
 from mt.layers import FeedForward
 from mt.model import OutputProjection
@@ -36,9 +40,9 @@ from mt.model import OutputProjection
 use_onednn = ONEDNN  #: set to False to measure or rule out the oneDNN path
 
 #: Weights of at most this many entries take ``F.linear`` even where oneDNN
-#: applies: on AVX2-only CPUs oneDNN's fixed cost per call outweighs its
-#: faster kernel for small weights.
-SMALL_WEIGHT = 65536 if ONEDNN and torch.backends.cpu.get_cpu_capability() == "AVX2" else 0
+#: applies: oneDNN's fixed cost per call outweighs its faster kernel for small
+#: weights (measured on AVX2 and AVX-512 CPUs, docs/performance.md).
+SMALL_WEIGHT = 65536 if ONEDNN else 0
 
 
 def _onednn_applies(x: Tensor, weight: Tensor) -> bool:
@@ -261,10 +265,37 @@ class GrowingKV(NamedTuple):
         return GrowingKV(store.k[:, :, : t + n], store.v[:, :, : t + n], None, store)
 
 
+class _MaskBiases(threading.local):
+    """Per thread, the masks seen last and their biases: the layers of one
+    forward pass share a self-attention and a cross-attention mask."""
+
+    def __init__(self) -> None:
+        self.recent: list[tuple[Tensor, torch.dtype, Tensor, Tensor | None]] = []
+
+
+_BIASES = _MaskBiases()
+
+
+def mask_bias(mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
+    """A boolean mask as a bias to add to the scores: 0 where a query may attend,
+    -inf elsewhere, and 0 across a row with no key at all (the textbook rule:
+    it sees every key and is zeroed after). Returns the bias and, if some row has
+    no key, ``has_key`` (..., 1) to zero those rows with; None if every row has one.
+    Kept for the last few masks (held, so that identity means the same mask)."""
+    for seen, seen_dtype, bias, has_key in _BIASES.recent:
+        if seen is mask and seen_dtype == dtype:
+            return bias, has_key
+    has_key = mask.any(dim=-1, keepdim=True)
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~(mask | ~has_key), float("-inf"))
+    found = (mask, dtype, bias, None if bool(has_key.all()) else has_key)
+    _BIASES.recent = [found, *_BIASES.recent[:3]]
+    return found[2:]
+
+
 class FastMultiHeadAttention(MultiHeadAttention):
     """Multi-head attention with self-attention's three projections in one
-    product and a ``GrowingKV`` cache; the textbook projections wherever
-    gradients are on."""
+    product, a ``GrowingKV`` cache and masks added as biases; the textbook
+    path wherever gradients are on or weights are asked for."""
 
     w_qkv: StackedWeight
 
@@ -291,6 +322,17 @@ class FastMultiHeadAttention(MultiHeadAttention):
         if not isinstance(past, GrowingKV):
             past = GrowingKV(past.k, past.v)
         return q, past.append(k, v)
+
+    def core(self, q, k, v, mask, need_weights, temperature, dropout):
+        if need_weights or dropout or torch.is_grad_enabled() or self.use_fused(q.device):
+            return super().core(q, k, v, mask, need_weights, temperature, dropout)
+        scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(self.d_head) * temperature)  # (B, H, T_q, T_k)
+        has_key = None
+        if mask is not None:
+            bias, has_key = mask_bias(mask, scores.dtype)
+            scores += bias
+        out = softmax(scores) @ v  # (B, H, T_q, D_h)
+        return (out if has_key is None else out * has_key), None
 
 
 _FAST = {

@@ -20,8 +20,8 @@ def Linear(*args, **kwargs) -> nn.Linear:
 
 @pytest.fixture(autouse=True)
 def every_product_on_onednn(monkeypatch):
-    """These tests' small weights would take F.linear on AVX2-only CPUs
-    (``SMALL_WEIGHT``): send them to oneDNN, the path under test, everywhere."""
+    """These tests' small weights would take F.linear (``SMALL_WEIGHT``):
+    send them to oneDNN, the path under test."""
     monkeypatch.setattr(lin, "SMALL_WEIGHT", 0)
 
 
@@ -222,3 +222,26 @@ def test_decoding_on_the_fast_path_equals_the_textbook_path():
         flat_b = [h for x in b for h in (x if isinstance(x, list) else [x])]
         assert [h.tokens for h in flat_a] == [h.tokens for h in flat_b]
         assert [h.score for h in flat_a] == pytest.approx([h.score for h in flat_b], abs=1e-4)
+
+
+def test_masks_as_biases_give_the_textbook_attention_bit_for_bit():
+    from mt.attention import MultiHeadAttention
+    from mt.masks import causal_mask
+
+    torch.manual_seed(0)
+    plain = MultiHeadAttention(16, 4).eval()
+    fast = speed_up(copy.deepcopy(plain))
+    source = torch.randn(2, 5, 16)
+    queries = torch.randn(6, 1, 16)  # 2 sentences x 3 beams, grouped against their source
+    no_key = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 0, 0, 0]], dtype=torch.bool)[:, None, None, :]
+    x = torch.randn(2, 4, 16)
+    with torch.inference_mode():
+        kv = plain.project_kv(source)
+        cross = [m(queries, None, no_key, past=kv).output for m in (plain, fast)]
+        own = [m(x, x, causal_mask(4)).output for m in (plain, fast)]
+    assert torch.equal(cross[0], cross[1]) and torch.equal(own[0], own[1])
+    assert torch.equal(cross[1][3:], plain.w_o.bias.expand(3, 1, 16))  # no key: zeros before the output product
+    bias, has_key = lin.mask_bias(no_key, torch.float32)
+    assert lin.mask_bias(no_key, torch.float32)[0] is bias  # made once for the layers that share the mask
+    assert has_key.flatten().tolist() == [True, False] and bias[1].eq(0).all()
+    assert lin.mask_bias(causal_mask(3), torch.float32)[1] is None  # every row has a key: nothing to zero
