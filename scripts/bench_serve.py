@@ -8,8 +8,11 @@ options; again at the end, as the machine's speed may drift), then starts
 concurrent clients for a bounded time, each sending one sentence per request
 (client i takes sentences i, i + C, ...), while a health check goes
 every 50 ms. Reports sentences/s, p50/p99 latency, errors, answers that differ
-from the offline translation, and the health checks' p99 latency. A
-benchmark, not a test: the figures depend on the machine and its load.
+from the offline translation, the health checks' p99 latency, and where the
+CPU went: CPU milliseconds per sentence of the server's process, of its
+decoding processes and of the clients, beside mt translate's own (on Linux,
+from /proc). A benchmark, not a test: the figures depend on the machine and
+its load.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import gzip
 import http.client
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -35,8 +39,36 @@ def read_lines(path: Path, n: int) -> list[str]:
         return [line.strip() for _, line in zip(range(n), f) if line.strip()]
 
 
-def offline(model: str, lines: list[str], beam: int) -> tuple[list[str], float]:
-    """mt translate's translations of ``lines`` and its sentences/s (model loading excluded)."""
+def own_cpu() -> float:
+    """CPU seconds this process has used, all its threads."""
+    t = os.times()
+    return t.user + t.system
+
+
+def cpu_of(pid: int) -> float | None:
+    """CPU seconds process ``pid`` has used (all its threads), or None where /proc cannot tell."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, in ticks
+
+
+def children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux; none elsewhere)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
+                found.append(int(entry.name))
+        except (OSError, IndexError):
+            continue
+    return found
+
+
+def offline(model: str, lines: list[str], beam: int) -> tuple[list[str], float, float]:
+    """mt translate's translations of ``lines``, its sentences/s and its CPU ms per
+    sentence (model loading excluded)."""
     from mt.allocator import keep_freed_memory
     from mt.inference import Translator, load
 
@@ -44,9 +76,9 @@ def offline(model: str, lines: list[str], beam: int) -> tuple[list[str], float]:
     m, tok, _ = load(model)
     translator = Translator(m, tok, beam=beam)
     translator.translate(lines[:32])  # warm up, as the server is by its first requests
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), own_cpu()
     out = translator.translate(lines)
-    return out, len(lines) / (time.perf_counter() - start)
+    return out, len(lines) / (time.perf_counter() - start), 1000 * (own_cpu() - cpu) / len(lines)
 
 
 def free_port() -> int:
@@ -60,7 +92,11 @@ def p99(values: list[float]) -> float:
     return values[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan")
 
 
-def load_test(port: int, lines: list[str], want: list[str], clients: int, seconds: float, beam: int) -> dict:
+def load_test(
+    port: int, lines: list[str], want: list[str], clients: int, seconds: float, beam: int, server: int | None = None
+) -> dict:
+    """``clients`` clients for ``seconds``; with the ``server``'s pid, the CPU its process
+    and its decoding processes used meanwhile, per sentence answered."""
     latencies: list[float] = []
     errors = mismatches = 0
     lock = threading.Lock()
@@ -110,7 +146,9 @@ def load_test(port: int, lines: list[str], want: list[str], clients: int, second
                 break
         conn.close()
 
-    start = time.perf_counter()
+    decoders = children_of(server) if server else []
+    cpu_before = [cpu_of(p) for p in [server, *decoders]] if server else []
+    start, clients_cpu = time.perf_counter(), own_cpu()
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     prober = threading.Thread(target=probe)
     prober.start()
@@ -119,10 +157,14 @@ def load_test(port: int, lines: list[str], want: list[str], clients: int, second
     for t in threads:
         t.join()
     wall = time.perf_counter() - start
+    cpu_after = [cpu_of(p) for p in [server, *decoders]] if server else []
+    clients_cpu = own_cpu() - clients_cpu  # the clients and the health checks: this process
     finished.set()
     prober.join()
     latencies.sort()
     health.sort()
+    per_sentence = 1000 / max(1, len(latencies))
+    used = [b - a if None not in (a, b) else float("nan") for a, b in zip(cpu_before, cpu_after)]
     return {
         "clients": clients,
         "sentences": len(latencies),
@@ -132,6 +174,11 @@ def load_test(port: int, lines: list[str], want: list[str], clients: int, second
         "errors": errors,
         "mismatches": mismatches,
         "healthz_p99_ms": 1000 * p99(health),
+        "cpu_ms": {  # CPU milliseconds per sentence answered
+            "server": used[0] * per_sentence if used else float("nan"),
+            "decoding": sum(used[1:]) * per_sentence if used else float("nan"),
+            "clients": clients_cpu * per_sentence,
+        },
     }
 
 
@@ -148,7 +195,7 @@ def main() -> None:
     args = p.parse_args()
 
     lines = read_lines(args.source, args.sentences)
-    want, offline_rate = offline(args.model, lines, args.beam)
+    want, offline_rate, offline_cpu = offline(args.model, lines, args.beam)
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "mt", "serve", "--model", args.model, "--port", str(port), "--beam", str(args.beam),
@@ -166,23 +213,26 @@ def main() -> None:
                     sys.exit("mt serve did not start")
                 time.sleep(0.2)
         load_test(port, lines[:64], want[:64], 4, 5, args.beam)  # warm up
-        results = [load_test(port, lines, want, c, args.seconds, args.beam) for c in args.clients]
+        results = [load_test(port, lines, want, c, args.seconds, args.beam, server.pid) for c in args.clients]
     finally:
         server.terminate()  # mt serve stops gracefully on SIGTERM
         server.wait()
-    again, rate_after = offline(args.model, lines, args.beam)  # the machine's speed may have changed meanwhile
+    # again: the machine's speed may have changed meanwhile
+    again, rate_after, cpu_after = offline(args.model, lines, args.beam)
     if again != want:
         print("warning: mt translate's second run gave different translations", file=sys.stderr)
     print(f"mt translate (offline, same sentences, beam {args.beam}): {offline_rate:.1f} sentences/s before the "
-          f"load tests, {rate_after:.1f} after; × offline is against their mean")  # fmt: skip
+          f"load tests, {rate_after:.1f} after; × offline is against their mean. It used {offline_cpu:.1f} and "
+          f"{cpu_after:.1f} CPU ms per sentence")  # fmt: skip
     offline_rate = (offline_rate + rate_after) / 2
     print("| clients | sentences | sentences/s | × offline | p50 ms | p99 ms | errors | differ from offline "
-          "| /healthz p99 ms |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| /healthz p99 ms | CPU ms per sentence: server / decoding / clients |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
+        cpu = " / ".join(f"{r['cpu_ms'][k]:.1f}" for k in ("server", "decoding", "clients"))
         print(f"| {r['clients']} | {r['sentences']} | {r['sentences_per_s']:.1f} | "
               f"{r['sentences_per_s'] / offline_rate:.2f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} | "
-              f"{r['errors']} | {r['mismatches']} | {r['healthz_p99_ms']:.0f} |")  # fmt: skip
+              f"{r['errors']} | {r['mismatches']} | {r['healthz_p99_ms']:.0f} | {cpu} |")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -266,7 +266,10 @@ def test_the_load_benchmark_gets_every_answer_equal_to_the_offline_translation(t
         line.split("|")[1:-1] for line in done.stdout.splitlines() if line.startswith("| ") and "clients" not in line
     ]
     assert [int(r[0]) for r in rows] == [1, 4], done.stdout
-    for _, sentences, rate, _, _, _, errors, differ, health_p99 in rows:
+    for _, sentences, rate, _, _, _, errors, differ, health_p99, cpu in rows:
         assert int(sentences) > 0 and float(rate) > 0
         assert (int(errors), int(differ)) == (0, 0), done.stdout
         assert float(health_p99) > 0, done.stdout  # health checks were answered while it decoded
+        server, decoding, clients = (float(x) for x in cpu.split("/"))
+        if sys.platform == "linux":  # read from /proc: the decoding processes did the work
+            assert decoding > 0 and server >= 0 and decoding > server, done.stdout
