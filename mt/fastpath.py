@@ -281,7 +281,9 @@ def mask_bias(mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
     -inf elsewhere, and 0 across a row with no key at all (the textbook rule:
     it sees every key and is zeroed after). Returns the bias and, if some row has
     no key, ``has_key`` (..., 1) to zero those rows with; None if every row has one.
-    Kept for the last few masks (held, so that identity means the same mask)."""
+    Kept for the last few masks (held, so that identity means the same mask; a
+    mask changed in place after its first use would keep its old bias, and mt
+    never changes one)."""
     for seen, seen_dtype, bias, has_key in _BIASES.recent:
         if seen is mask and seen_dtype == dtype:
             return bias, has_key

@@ -160,11 +160,13 @@ class JsonBodies:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] != "POST":
             return await self.app(scope, receive, send)
-        too_large = _error(413, f"the body is larger than {self.max_bytes} bytes, more than the limits on "
-                                "sentences and characters per request allow")  # fmt: skip
+        too_large = (
+            f"the body is larger than {self.max_bytes} bytes, more than the limits on sentences and characters "
+            "per request allow"
+        )
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
-            return await too_large(scope, receive, send)
+            return await _error(413, too_large)(scope, receive, send)
         chunks, size, more = [], 0, True
         while more:
             message = await receive()
@@ -173,7 +175,7 @@ class JsonBodies:
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                return await too_large(scope, receive, send)
+                return await _error(413, too_large)(scope, receive, send)
             more = message.get("more_body", False)
         body = b"".join(chunks)
         try:
