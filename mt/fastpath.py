@@ -41,8 +41,10 @@ use_onednn = ONEDNN  #: set to False to measure or rule out the oneDNN path
 
 #: Weights of at most this many entries take ``F.linear`` even where oneDNN
 #: applies: oneDNN's fixed cost per call outweighs its faster kernel for small
-#: weights (measured on AVX2 and AVX-512 CPUs, docs/performance.md).
-SMALL_WEIGHT = 65536 if ONEDNN else 0
+#: weights. The largest weight that ``F.linear`` multiplied as fast as oneDNN
+#: at 8-320 rows: 256 x 256 on AVX2-only CPUs, 384 x 128 on AVX-512 ones
+#: (docs/performance.md).
+SMALL_WEIGHT = (65536 if torch.backends.cpu.get_cpu_capability() == "AVX2" else 49152) if ONEDNN else 0
 
 
 def _onednn_applies(x: Tensor, weight: Tensor) -> bool:
