@@ -16,7 +16,10 @@ docs/results.md, "Export to CTranslate2" and "int8 on a CPU with VNNI"):
   1.8x at greedy batch sizes.
 
 The attention core (Q·Kᵀ, softmax, weights·V), the norms and the search
-stay float32.
+stay float32. One scale per call for the inputs means that a sentence's
+translation can depend on the other sentences of its batch (their largest
+activation sets the scale): ``mt serve --dtype int8`` need not answer as
+``mt translate --dtype int8`` does (docs/performance.md).
 """
 
 from __future__ import annotations

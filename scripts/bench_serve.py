@@ -1,10 +1,10 @@
 """mt serve under load, beside mt translate's throughput on the same sentences.
 
-    python scripts/bench_serve.py --model runs/multi30k_cpu [--clients 1 8 32] [--seconds 30] [--beam 5]
+    python scripts/bench_serve.py --model runs/multi30k_cpu [--clients 1 8 32] [--seconds 30] [--beam 5] [--dtype int8]
 
 Translates the sentences offline first (``mt translate``'s Translator, the same
-options; again at the end, as the machine's speed may drift), then starts
-``mt serve`` on loopback and, for each client count, runs that many
+options, on the CPU; again at the end, as the machine's speed may drift), then starts
+``mt serve`` on the CPU, on loopback, and for each client count, runs that many
 concurrent clients for a bounded time, each sending one sentence per request
 (client i takes sentences i, i + C, ...), while a health check goes
 every 50 ms. Reports sentences/s, p50/p99 latency, errors, answers that differ
@@ -66,14 +66,18 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
-def offline(model: str, lines: list[str], beam: int) -> tuple[list[str], float, float]:
+def offline(model: str, lines: list[str], beam: int, dtype: str = "auto") -> tuple[list[str], float, float]:
     """mt translate's translations of ``lines``, its sentences/s and its CPU ms per
-    sentence (model loading excluded)."""
+    sentence (model loading excluded), on the CPU in ``dtype`` (auto or float32: float32)."""
     from mt.allocator import keep_freed_memory
     from mt.inference import Translator, load
 
     keep_freed_memory()
     m, tok, _ = load(model)
+    if dtype == "int8":
+        from mt.int8 import quantize
+
+        quantize(m)
     translator = Translator(m, tok, beam=beam)
     translator.translate(lines[:32])  # warm up, as the server is by its first requests
     start, cpu = time.perf_counter(), own_cpu()
@@ -192,14 +196,18 @@ def main() -> None:
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--max-wait-ms", type=float, default=10.0)
     p.add_argument("--workers", type=int, help="mt serve --workers (default: its own)")
+    p.add_argument(
+        "--dtype", choices=["auto", "float32", "int8"], default="auto", help="both engines' --dtype (default auto)"
+    )
     args = p.parse_args()
 
     lines = read_lines(args.source, args.sentences)
-    want, offline_rate, offline_cpu = offline(args.model, lines, args.beam)
+    want, offline_rate, offline_cpu = offline(args.model, lines, args.beam, args.dtype)
     port = free_port()
     server = subprocess.Popen(
         [sys.executable, "-m", "mt", "serve", "--model", args.model, "--port", str(port), "--beam", str(args.beam),
-         "--max-wait-ms", str(args.max_wait_ms), *(["--workers", str(args.workers)] if args.workers else [])],
+         "--max-wait-ms", str(args.max_wait_ms), "--dtype", args.dtype, "--device", "cpu",  # as offline: the CPU
+         *(["--workers", str(args.workers)] if args.workers else [])],
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
@@ -218,7 +226,7 @@ def main() -> None:
         server.terminate()  # mt serve stops gracefully on SIGTERM
         server.wait()
     # again: the machine's speed may have changed meanwhile
-    again, rate_after, cpu_after = offline(args.model, lines, args.beam)
+    again, rate_after, cpu_after = offline(args.model, lines, args.beam, args.dtype)
     if again != want:
         print("warning: mt translate's second run gave different translations", file=sys.stderr)
     print(f"mt translate (offline, same sentences, beam {args.beam}): {offline_rate:.1f} sentences/s before the "
