@@ -93,6 +93,12 @@ class KV(NamedTuple):
         """The cache as plain tensors (``mt.fastpath``'s cache may hold a reordering not yet carried out)."""
         return self
 
+    def with_rows(self, rows: int, drop: int = 0) -> KV:
+        """The cache without its first ``drop`` positions and with ``rows`` more batch rows
+        of zeros after its own: (B, H, T, D_h) -> (B + rows, H, T - drop, D_h) each."""
+        k, v = self.k[:, :, drop:], self.v[:, :, drop:]
+        return KV(torch.cat([k, k.new_zeros(rows, *k.shape[1:])]), torch.cat([v, v.new_zeros(rows, *v.shape[1:])]))
+
 
 class AttentionOutput(NamedTuple):
     output: Tensor  # (B, T_q, D)

@@ -236,6 +236,21 @@ class GrowingKV(NamedTuple):
             return self
         return KV(self.k.index_select(0, self.rows), self.v.index_select(0, self.rows))
 
+    def with_rows(self, rows: int, drop: int = 0) -> GrowingKV:
+        """As ``KV.with_rows`` (rows of sentences that join a search under way), with
+        any pending reordering carried out on the way: one copy of the cache, into
+        a store with room for the next step's position."""
+        k, v = self.k[:, :, drop:], self.v[:, :, drop:]
+        b, h, t, _ = k.shape if self.rows is None else (self.rows.numel(), *k.shape[1:])
+        store = KVStore(k.new_empty(b + rows, h, t + 1, k.size(3)), v.new_empty(b + rows, h, t + 1, v.size(3)), t)
+        for old, buf in ((k, store.k), (v, store.v)):
+            if self.rows is None:
+                buf[:b, :, :t] = old
+            else:
+                torch.index_select(old, 0, self.rows, out=buf[:b, :, :t])
+            buf[b:, :, :t] = 0
+        return GrowingKV(store.k[:, :, :t], store.v[:, :, :t], None, store)
+
     def append(self, k: Tensor, v: Tensor) -> GrowingKV:
         """``torch.cat([self.k[self.rows], k], dim=2)``, and the same for v:
         (B_past, H, T, D_h), (B, H, T_new, D_h) -> (B, H, T + T_new, D_h).

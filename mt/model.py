@@ -102,14 +102,12 @@ class DecoderCache:
             raise ValueError("sentences join a cache that has decoded at least one position")
         layers = []
         for old, fresh in zip(self.layers, new.layers):
-            past = old.self_kv.resolved()
-            k, v = past.k[:, :, drop:], past.v[:, :, drop:]  # (B, H, T - drop, D_h)
-            k = torch.cat([k, k.new_zeros(rows, *k.shape[1:])])  # (B + rows, H, T - drop, D_h)
-            v = torch.cat([v, v.new_zeros(rows, *v.shape[1:])])
+            past = old.self_kv.with_rows(rows, drop)  # (B + rows, H, T - drop, D_h)
             cross = old.cross_kv.resolved()
             cross = KV(cat_padded(cross.k, fresh.cross_kv.k, 2), cat_padded(cross.v, fresh.cross_kv.v, 2))
-            layers.append(LayerCache(KV(k, v), cross))
-        b = layers[0].self_kv.k.size(0) - rows
+            layers.append(LayerCache(past, cross))
+        k = layers[0].self_kv.k
+        b = k.size(0) - rows
         pad = self.pad if self.pad is not None else torch.zeros(b, dtype=torch.long, device=k.device)
         return DecoderCache(layers, torch.cat([pad - drop, pad.new_full((rows,), t - drop)]))
 

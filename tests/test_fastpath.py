@@ -245,3 +245,17 @@ def test_masks_as_biases_give_the_textbook_attention_bit_for_bit():
     assert lin.mask_bias(no_key, torch.float32)[0] is bias  # made once for the layers that share the mask
     assert has_key.flatten().tolist() == [True, False] and bias[1].eq(0).all()
     assert lin.mask_bias(causal_mask(3), torch.float32)[1] is None  # every row has a key: nothing to zero
+
+
+def test_a_growing_cache_takes_joining_rows_as_the_textbook_one_in_one_copy():
+    from mt.attention import KV
+
+    k, v = torch.randn(3, 2, 5, 4), torch.randn(3, 2, 5, 4)
+    order = torch.tensor([2, 0, 0])
+    want = KV(k, v).select(order).with_rows(2, drop=1)
+    got = lin.GrowingKV(k, v).select(order).with_rows(2, drop=1)
+    assert got.k.shape == (5, 2, 4, 4) and torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
+    assert got.k[3:].eq(0).all() and got.rows is None
+    grown = got.append(torch.ones(5, 2, 1, 4), torch.ones(5, 2, 1, 4))
+    assert grown.store is got.store  # the next step's position went into the room left for it
+    assert torch.equal(grown.k[:, :, :4], want.k) and grown.k[:, :, 4].eq(1).all()
