@@ -376,7 +376,13 @@ def _add_serve(sub) -> None:
         "under way lets a sentence join after at most 5x this (default 10)",
     )
     p.add_argument("--max-lines", type=int, default=64, help="most sentences per request (default 64)")
-    p.add_argument("--max-chars", type=int, default=1000, help="most characters per sentence (default 1000)")
+    p.add_argument(
+        "--max-chars",
+        type=int,
+        default=1000,
+        help="most characters per sentence (default 1000); a body larger than these two limits could need "
+        "is refused (413) unread",
+    )
 
 
 def _run_serve(args) -> None:

@@ -362,6 +362,8 @@ def run(args) -> None:
         raise MTError("--max-batch must be at least 1 and --max-wait-ms at least 0")
     if not 0 < args.port < 65536:
         raise MTError(f"--port must be between 1 and 65535, got {args.port}")
+    if args.max_lines < 1 or args.max_chars < 1:
+        raise MTError(f"--max-lines and --max-chars must be at least 1, got {args.max_lines} and {args.max_chars}")
     translator, meta = _translator(args)
     workers = translator.workers
     translator.workers = 1  # mt serve's --workers are decoding processes (mt.batcher), each with its share of threads

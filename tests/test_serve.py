@@ -273,3 +273,17 @@ def test_the_load_benchmark_gets_every_answer_equal_to_the_offline_translation(t
         server, decoding, clients = (float(x) for x in cpu.split("/"))
         if sys.platform == "linux":  # read from /proc: the decoding processes did the work
             assert decoding > 0 and server >= 0 and decoding > server, done.stdout
+
+
+def test_bad_serve_options_are_named_before_anything_loads(toy_run, capsys):
+    from mt.cli import main
+
+    for opts, message in (
+        (["--max-lines", "0"], "--max-lines and --max-chars must be at least 1"),
+        (["--max-chars", "-5"], "--max-lines and --max-chars must be at least 1"),
+        (["--max-batch", "0"], "--max-batch must be at least 1"),
+        (["--port", "70000"], "--port must be between 1 and 65535"),
+    ):
+        assert main(["serve", "--model", str(toy_run), *opts]) == 1
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
