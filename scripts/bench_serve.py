@@ -45,25 +45,24 @@ def own_cpu() -> float:
     return t.user + t.system
 
 
-def cpu_of(pid: int) -> float | None:
-    """CPU seconds process ``pid`` has used (all its threads), or None where /proc cannot tell."""
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ...), or None
+    where /proc cannot tell (not Linux, or the process has gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime, in ticks
+
+
+def cpu_of(pid: int) -> float | None:
+    """CPU seconds process ``pid`` has used (all its threads), or None where /proc cannot tell."""
+    fields = proc_stat(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def children_of(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (Linux; none elsewhere)."""
-    found = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            if entry.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1] == str(pid):
-                found.append(int(entry.name))
-        except (OSError, IndexError):
-            continue
-    return found
+    return [int(e.name) for e in Path("/proc").glob("[0-9]*") if (proc_stat(e.name) or [None, None])[1] == str(pid)]
 
 
 def offline(model: str, lines: list[str], beam: int, dtype: str = "auto") -> tuple[list[str], float, float]:
