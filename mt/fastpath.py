@@ -236,20 +236,28 @@ class GrowingKV(NamedTuple):
             return self
         return KV(self.k.index_select(0, self.rows), self.v.index_select(0, self.rows))
 
-    def with_rows(self, rows: int, drop: int = 0) -> GrowingKV:
-        """As ``KV.with_rows`` (rows of sentences that join a search under way), with
-        any pending reordering carried out on the way: one copy of the cache, into
-        a store with room for the next step's position."""
+    def copied(self, capacity: int, rows: int = 0, drop: int = 0) -> KVStore:
+        """The cache's positions from ``drop`` on, with any pending reordering carried
+        out, copied into a new store with room for ``capacity`` positions, and ``rows``
+        more batch rows of zeros after the cache's own."""
         k, v = self.k[:, :, drop:], self.v[:, :, drop:]
         b, h, t, _ = k.shape if self.rows is None else (self.rows.numel(), *k.shape[1:])
-        store = KVStore(k.new_empty(b + rows, h, t + 1, k.size(3)), v.new_empty(b + rows, h, t + 1, v.size(3)), t)
+        store = KVStore(k.new_empty(b + rows, h, capacity, k.size(3)), v.new_empty(b + rows, h, capacity, v.size(3)), t)
         for old, buf in ((k, store.k), (v, store.v)):
             if self.rows is None:
                 buf[:b, :, :t] = old
             else:
                 torch.index_select(old, 0, self.rows, out=buf[:b, :, :t])
-            buf[b:, :, :t] = 0
-        return GrowingKV(store.k[:, :, :t], store.v[:, :, :t], None, store)
+            if rows:
+                buf[b:, :, :t] = 0
+        return store
+
+    def with_rows(self, rows: int, drop: int = 0) -> GrowingKV:
+        """As ``KV.with_rows`` (rows of sentences that join a search under way), with
+        any pending reordering carried out on the way: one copy of the cache, into
+        a store with room for the next step's position."""
+        store = self.copied(self.k.size(2) - drop + 1, rows, drop)
+        return GrowingKV(store.k[:, :, : store.length], store.v[:, :, : store.length], None, store)
 
     def append(self, k: Tensor, v: Tensor) -> GrowingKV:
         """``torch.cat([self.k[self.rows], k], dim=2)``, and the same for v:
@@ -265,17 +273,10 @@ class GrowingKV(NamedTuple):
             return GrowingKV(torch.cat([old.k, k], dim=2), torch.cat([old.v, v], dim=2))  # out= has no backward
         store = self.store
         if self.rows is not None or store is None or store.length != t or t + n > store.k.size(2):
-            b, h, _, d = k.shape
             # room only where the cache is not being reordered: beam search reorders
             # (copies) it at every step anyway, and its attention runs faster on a
             # cache without gaps
-            capacity = t + n if self.rows is not None else 2 * (t + n)
-            store = KVStore(k.new_empty(b, h, capacity, d), v.new_empty(b, h, capacity, v.size(3)), t)
-            for old, buf in ((self.k, store.k), (self.v, store.v)):
-                if self.rows is None:
-                    buf[:, :, :t] = old
-                else:
-                    torch.index_select(old, 0, self.rows, out=buf[:, :, :t])
+            store = self.copied(t + n if self.rows is not None else 2 * (t + n))
         store.k[:, :, t : t + n] = k
         store.v[:, :, t : t + n] = v
         store.length = t + n
