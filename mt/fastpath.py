@@ -8,9 +8,9 @@ changes where gradients are needed: training runs the textbook path.
 
 * Linear layers and the output projection run through oneDNN on x86 CPUs
   (faster than MKL's at decoding shapes) with their weights packed once into
-  oneDNN's blocked layout, and with ReLU fused into the feed-forward product. Everything else (CUDA, other CPUs,
-  bfloat16 where oneDNN has none, small weights) takes
-  ``F.linear``.
+  oneDNN's blocked layout, and with ReLU fused into the feed-forward
+  product. Everything else (CUDA, other CPUs, bfloat16 where oneDNN has
+  none, small weights) takes ``F.linear``.
 * Self-attention projects Q, K and V in one product of stacked weights.
 * Attention adds each mask as a bias of 0 and -inf to its scores, made once
   per mask for all the layers that share it, where the textbook path
@@ -18,6 +18,10 @@ changes where gradients are needed: training runs the textbook path.
 * The decoder's key/value cache grows in place (room for more positions)
   instead of being copied at every step, and beam search's reordering of it
   is carried out by the next step's append, in one copy instead of two.
+* A decoder layer's step (one new position against cached keys and values)
+  runs on a (B, D) matrix, calling its submodules' ``forward`` directly and
+  adding residuals in place: the layer's own operations, bit for bit, in
+  fewer calls (a step's fixed cost is most of it at serving's batch sizes).
 
 What each of these gains, measured: docs/performance.md.
 """
@@ -34,10 +38,11 @@ from torch import Tensor, nn
 
 from mt.attention import KV, MultiHeadAttention, softmax
 from mt.hardware import ONEDNN, ONEDNN_BF16
-from mt.layers import FeedForward
+from mt.layers import DecoderLayer, DecoderLayerOutput, FeedForward, LayerCache, Sublayer
 from mt.model import OutputProjection
 
 use_onednn = ONEDNN  #: set to False to measure or rule out the oneDNN path
+lean_decoder_step = True  #: set to False to measure or rule out ``FastDecoderLayer``'s step
 
 #: Weights of at most this many entries take ``F.linear`` even where oneDNN
 #: applies: oneDNN's fixed cost per call outweighs its faster kernel for small
@@ -346,16 +351,90 @@ class FastMultiHeadAttention(MultiHeadAttention):
     def core(self, q, k, v, mask, need_weights, temperature, dropout):
         if need_weights or dropout or torch.is_grad_enabled() or self.use_fused(q.device):
             return super().core(q, k, v, mask, need_weights, temperature, dropout)
-        scores = torch.matmul(q, k.transpose(-2, -1)).div_(math.sqrt(self.d_head) * temperature)  # (B, H, T_q, T_k)
-        has_key = None
-        if mask is not None:
-            bias, has_key = mask_bias(mask, scores.dtype)
-            scores += bias
-        out = softmax(scores) @ v  # (B, H, T_q, D_h)
-        return (out if has_key is None else out * has_key), None
+        bias, has_key = mask_bias(mask, q.dtype) if mask is not None else (None, None)
+        return _attend(q, k, v, bias, has_key, math.sqrt(self.d_head) * temperature), None
+
+
+def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, has_key: Tensor | None, scale: float) -> Tensor:
+    """softmax(q kᵀ / scale + bias) v, zeroed in rows without a key (``mask_bias``): (..., T_q, D_h)."""
+    scores = torch.matmul(q, k.transpose(-2, -1)).div_(scale)  # (..., T_q, T_k)
+    if bias is not None:
+        scores += bias
+    out = softmax(scores) @ v
+    return out if has_key is None else out * has_key
+
+
+class FastDecoderLayer(DecoderLayer):
+    """The decoder layer for what decoding runs at every step, one new position
+    against cached keys and values, in fewer operations: the rows as a (B, D)
+    matrix throughout, heads as views of it, each mask's bias made once for all
+    layers, residuals added in place, and the submodules' ``forward`` called
+    directly (no dropout, no hooks). The same operations on the same values as
+    the layer's own forward, bit for bit; anything else (several positions, no
+    source cache, gradients, weights asked for, training, the fused attention
+    kernel) takes that forward."""
+
+    def adopt(self) -> None:
+        pass
+
+    def forward(self, x, memory, self_mask, cross_mask, cache=None, need_weights=False, temperature=1.0):
+        if (
+            not lean_decoder_step
+            or x.size(1) != 1
+            or cache is None
+            or cache.cross_kv is None
+            or need_weights
+            or self.training
+            or torch.is_grad_enabled()
+            or self.self_attn.use_fused(x.device)
+        ):
+            return super().forward(x, memory, self_mask, cross_mask, cache, need_weights, temperature)
+        b, _, d = x.shape
+        sa, ca, ffn = self.self_attn, self.cross_attn, self.ffn
+        h, d_h = sa.n_heads, sa.d_head
+        scale = math.sqrt(d_h) * temperature
+        x = x.view(b, d)
+
+        qkv = sa.w_qkv(_pre(self.self_sub, x), [sa.w_q, sa.w_k, sa.w_v]).view(b, 3, h, 1, d_h)
+        past = cache.self_kv
+        if past is None:  # the first step after the source's cache (continuous batching's joins)
+            kv = GrowingKV(qkv[:, 1].contiguous(), qkv[:, 2].contiguous())
+        else:
+            kv = (past if isinstance(past, GrowingKV) else GrowingKV(past.k, past.v)).append(qkv[:, 1], qkv[:, 2])
+        bias, has_key = mask_bias(self_mask, x.dtype) if self_mask is not None else (None, None)
+        out = _attend(qkv[:, 0], kv.k, kv.v, bias, has_key, scale)  # (B, H, 1, D_h)
+        x = _residual(self.self_sub, sa.w_o.forward(out.reshape(b, d)), x)
+
+        source = cache.cross_kv.resolved()  # (N, H, T_s, D_h): the G = B / N beams of a source grouped against it
+        n = source.k.size(0)
+        q = ca.w_q.forward(_pre(self.cross_sub, x)).view(n, b // n, h, d_h).transpose(1, 2)  # (N, H, G, D_h)
+        bias, has_key = mask_bias(cross_mask, x.dtype)
+        out = _attend(q, source.k, source.v, bias, has_key, scale)
+        x = _residual(self.cross_sub, ca.w_o.forward(out.transpose(1, 2).reshape(b, d)), x)
+
+        y = _pre(self.ffn_sub, x)
+        y = ffn.w_1.forward(y, relu=True) if ffn.activation is F.relu else ffn.activation(ffn.w_1.forward(y))
+        x = _residual(self.ffn_sub, ffn.w_2.forward(y), x)
+        return DecoderLayerOutput(x.view(b, 1, d), LayerCache(kv, source), None, None)
+
+
+def _pre(sub: Sublayer, x: Tensor) -> Tensor:
+    """``sub.pre(x)``: its layer norm, called directly, in a pre-norm layer."""
+    if not sub.norm_first:
+        return x
+    return F.layer_norm(x, sub.norm.normalized_shape, sub.norm.weight, sub.norm.bias, sub.norm.eps)
+
+
+def _residual(sub: Sublayer, out: Tensor, residual: Tensor) -> Tensor:
+    """``sub.post(out, residual)`` without dropout, into ``out``'s own storage."""
+    out = out.add_(residual)
+    if sub.norm_first:
+        return out
+    return F.layer_norm(out, sub.norm.normalized_shape, sub.norm.weight, sub.norm.bias, sub.norm.eps)
 
 
 _FAST = {
+    DecoderLayer: FastDecoderLayer,
     nn.Linear: PackedLinear,
     FeedForward: FastFeedForward,
     MultiHeadAttention: FastMultiHeadAttention,

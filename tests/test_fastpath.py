@@ -259,3 +259,41 @@ def test_a_growing_cache_takes_joining_rows_as_the_textbook_one_in_one_copy():
     grown = got.append(torch.ones(5, 2, 1, 4), torch.ones(5, 2, 1, 4))
     assert grown.store is got.store  # the next step's position went into the room left for it
     assert torch.equal(grown.k[:, :, :4], want.k) and grown.k[:, :, 4].eq(1).all()
+
+
+@pytest.mark.parametrize("variant", [{}, {"norm_first": False, "activation": "gelu"}])
+def test_a_decoder_step_on_the_fast_path_is_the_layers_own_forward_bit_for_bit(variant):
+    """The decoder layer's lean step (one position against cached keys/values) against the
+    layer's own forward on the same module: from a source cache with no positions yet, with
+    rows that joined later (a start mask), and with beams grouped against their source."""
+    from mt.layers import DecoderLayer, LayerCache
+    from mt.masks import lengths_mask, start_mask
+
+    _, fast = _model_pair(dropout=0.0, **variant)
+    fast.eval()
+    layer = fast.decoder[1]
+    assert type(layer) is lin.FastDecoderLayer
+    n, g = 2, 3  # two sources, three beams each
+    torch.manual_seed(3)
+    memory = torch.randn(n, 5, 32)
+    cross_mask = lengths_mask(torch.tensor([5, 3]), 5)  # the second source is padded
+    pad = torch.tensor([0, 0, 0, 1, 1, 2])  # rows that start one and two steps late: no key before
+    calls = []  # the layer's own forward calls its attention modules; the lean step does not
+    layer.self_attn.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        cache = {"fast": None, "plain": None}
+        for step in range(4):
+            x = torch.randn(n * g, 1, 32)
+            self_mask = start_mask(pad, step + 1)
+            outs = {}
+            for name, forward in (("fast", layer.forward), ("plain", lambda *a: DecoderLayer.forward(layer, *a))):
+                past = cache[name] or LayerCache(None, layer.cross_attn.project_kv(memory))
+                outs[name] = forward(x, memory, self_mask, cross_mask, past)
+                cache[name] = outs[name].cache
+            assert len(calls) == step + 1  # one call per step: the plain one's
+            assert torch.equal(outs["fast"].x, outs["plain"].x)
+            got, want = outs["fast"].cache.self_kv, outs["plain"].cache.self_kv
+            assert got.k.shape == (n * g, 4, step + 1, 8)
+            assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
+    assert isinstance(cache["fast"].self_kv, lin.GrowingKV)
+    assert outs["fast"].x[5].ne(0).all()  # a row with no key yet still gets its residual and feed-forward
