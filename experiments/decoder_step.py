@@ -1,17 +1,19 @@
 """The decoder layer's lean step (``mt.fastpath.FastDecoderLayer``) against
-the layer's own forward on the same loaded model: ``mt translate``'s
-throughput with each, alternating in one process, and their translations
-compared line for line.
+the layer's own forward on the same loaded model, alternating in one process:
 
-    python experiments/decoder_step.py RUN [--sentences 1000] [--beams 1 5] [--rounds 3] [--threads 2]
+* one decoding step (``Transformer.decode`` of one position against a cache of
+  ``--past`` positions and a source of 14 pieces), one thread, per row count:
+  the fastest and the median of ``--repeats`` timings of each;
+* ``mt translate``'s throughput on the test sentences, per beam size, with
+  the translations compared line for line.
 
-Prints a row per beam size: sentences/s of each round, the layer's own
-forward first and the lean step second, then whether the outputs matched.
+    python experiments/decoder_step.py RUN [--rows 5 15 75 170 320] [--sentences 1000] [--beams 1 5] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -26,21 +28,54 @@ from mt.allocator import keep_freed_memory  # noqa: E402
 from mt.inference import Translator, load  # noqa: E402
 
 
+def step_times(model, rows: list[int], past: int, repeats: int) -> None:
+    print("| rows | layer's forward, ms per step: fastest / median | lean step | ratio of the fastest / medians |")
+    print("|---|---|---|---|")
+    torch.manual_seed(0)
+    for n in rows:
+        enc = model.encode(torch.randint(4, model.cfg.src_vocab_size, (n, 14)))
+        cache = model.source_cache(enc)
+        for _ in range(past):
+            cache = model.decode(torch.randint(4, model.cfg.tgt_vocab_size, (n, 1)), enc, cache).cache
+        tgt = torch.randint(4, model.cfg.tgt_vocab_size, (n, 1))
+        times: dict[bool, list[float]] = {False: [], True: []}
+        calls = max(3, 600 // n)
+        for _ in range(repeats):
+            for lean in (False, True):
+                fastpath.lean_decoder_step = lean
+                start = time.perf_counter()
+                for _ in range(calls):
+                    model.decode(tgt, enc, cache)  # the same step each time: the cache stays where it was
+                times[lean].append((time.perf_counter() - start) / calls)
+        fastpath.lean_decoder_step = True
+        best = {k: 1000 * min(v) for k, v in times.items()}
+        median = {k: 1000 * statistics.median(v) for k, v in times.items()}
+        print(f"| {n} | {best[False]:.2f} / {median[False]:.2f} | {best[True]:.2f} / {median[True]:.2f} | "
+              f"{best[False] / best[True]:.3f} / {median[False] / median[True]:.3f} |", flush=True)  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run")
     p.add_argument("--source", type=Path, default=DEFAULT_SOURCE)
+    p.add_argument("--rows", type=int, nargs="*", default=[5, 15, 75, 170, 320], help="rows of the step timings")
+    p.add_argument("--past", type=int, default=9, help="target positions already in the cache")
+    p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--sentences", type=int, default=1000)
     p.add_argument("--beams", type=int, nargs="+", default=[1, 5])
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2, help="torch threads; one decoding worker")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the translate runs; one decoding worker")
     args = p.parse_args()
 
-    torch.set_num_threads(args.threads)
     keep_freed_memory()
     model, tok, _ = load(args.run)
+    torch.set_num_threads(1)
+    with torch.inference_mode():
+        step_times(model, args.rows, args.past, args.repeats)
+
+    torch.set_num_threads(args.threads)
     lines = read_lines(args.source, args.sentences)
-    print(f"{len(lines)} sentences, {args.threads} threads")
+    print(f"\n{len(lines)} sentences, {args.threads} threads")
     print("| beam | layer's forward, sentences/s | lean step, sentences/s | ratio of means | same translations |")
     print("|---|---|---|---|---|")
     for beam in args.beams:
