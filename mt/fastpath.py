@@ -21,7 +21,7 @@ changes where gradients are needed: training runs the textbook path.
 * A decoder layer's step (one new position against cached keys and values)
   runs on a (B, D) matrix, calling its submodules' ``forward`` directly and
   adding residuals in place: the layer's own operations, bit for bit, in
-  fewer calls (a step's fixed cost is most of it at serving's batch sizes).
+  fewer calls (it trims a step's fixed cost: small batches gain most).
 
 What each of these gains, measured: docs/performance.md.
 """
@@ -393,7 +393,7 @@ class FastDecoderLayer(DecoderLayer):
         sa, ca, ffn = self.self_attn, self.cross_attn, self.ffn
         h, d_h = sa.n_heads, sa.d_head
         scale = math.sqrt(d_h) * temperature
-        x = x.view(b, d)
+        x = x.reshape(b, d)
 
         qkv = sa.w_qkv(_pre(self.self_sub, x), [sa.w_q, sa.w_k, sa.w_v]).view(b, 3, h, 1, d_h)
         past = cache.self_kv
