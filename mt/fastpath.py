@@ -351,16 +351,16 @@ class FastMultiHeadAttention(MultiHeadAttention):
     def core(self, q, k, v, mask, need_weights, temperature, dropout):
         if need_weights or dropout or torch.is_grad_enabled() or self.use_fused(q.device):
             return super().core(q, k, v, mask, need_weights, temperature, dropout)
-        bias, has_key = mask_bias(mask, q.dtype) if mask is not None else (None, None)
-        return _attend(q, k, v, bias, has_key, math.sqrt(self.d_head) * temperature), None
+        return _attend(q, k, v, mask, math.sqrt(self.d_head) * temperature), None
 
 
-def _attend(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, has_key: Tensor | None, scale: float) -> Tensor:
-    """softmax(q kᵀ / scale + bias) v, zeroed in rows without a key (``mask_bias``): (..., T_q, D_h)."""
+def _attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float) -> Tensor:
+    """softmax(q kᵀ / scale) v with ``mask`` added as a bias, zeroed in rows without a key: (..., T_q, D_h)."""
     scores = torch.matmul(q, k.transpose(-2, -1)).div_(scale)  # (..., T_q, T_k)
-    if bias is not None:
-        scores += bias
-    out = softmax(scores) @ v
+    if mask is None:
+        return softmax(scores) @ v
+    bias, has_key = mask_bias(mask, scores.dtype)
+    out = softmax(scores.add_(bias)) @ v
     return out if has_key is None else out * has_key
 
 
@@ -401,15 +401,13 @@ class FastDecoderLayer(DecoderLayer):
             kv = GrowingKV(qkv[:, 1].contiguous(), qkv[:, 2].contiguous())
         else:
             kv = (past if isinstance(past, GrowingKV) else GrowingKV(past.k, past.v)).append(qkv[:, 1], qkv[:, 2])
-        bias, has_key = mask_bias(self_mask, x.dtype) if self_mask is not None else (None, None)
-        out = _attend(qkv[:, 0], kv.k, kv.v, bias, has_key, scale)  # (B, H, 1, D_h)
+        out = _attend(qkv[:, 0], kv.k, kv.v, self_mask, scale)  # (B, H, 1, D_h)
         x = _residual(self.self_sub, sa.w_o.forward(out.reshape(b, d)), x)
 
         source = cache.cross_kv.resolved()  # (N, H, T_s, D_h): the G = B / N beams of a source grouped against it
         n = source.k.size(0)
         q = ca.w_q.forward(_pre(self.cross_sub, x)).view(n, b // n, h, d_h).transpose(1, 2)  # (N, H, G, D_h)
-        bias, has_key = mask_bias(cross_mask, x.dtype)
-        out = _attend(q, source.k, source.v, bias, has_key, scale)
+        out = _attend(q, source.k, source.v, cross_mask, scale)
         x = _residual(self.cross_sub, ca.w_o.forward(out.transpose(1, 2).reshape(b, d)), x)
 
         y = _pre(self.ffn_sub, x)
