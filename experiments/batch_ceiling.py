@@ -17,8 +17,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from bench_serve import DEFAULT_SOURCE, read_lines  # noqa: E402
 
-from mt.allocator import keep_freed_memory  # noqa: E402
-from mt.inference import Translator, load  # noqa: E402
+from mt.decode.allocator import keep_freed_memory  # noqa: E402
+from mt.decode.inference import load  # noqa: E402
+from mt.decode.translator import Translator
 
 
 def main() -> None:

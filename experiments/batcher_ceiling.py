@@ -1,5 +1,5 @@
 """What ``mt serve``'s decoding processes give without HTTP: ``C`` asyncio
-clients in one process that each hand ``mt.batcher.Batcher`` their next
+clients in one process that each hand ``mt.serve.batcher.Batcher`` their next
 sentence as soon as the last is answered, beside ``mt translate``'s rate on
 the same sentences as a file, measured in turn in the same run.
 
@@ -17,9 +17,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from bench_serve import DEFAULT_SOURCE, read_lines  # noqa: E402
 
-from mt.allocator import keep_freed_memory  # noqa: E402
-from mt.batcher import Batcher, Options  # noqa: E402
-from mt.inference import Translator, load  # noqa: E402
+from mt.decode.allocator import keep_freed_memory  # noqa: E402
+from mt.decode.inference import load  # noqa: E402
+from mt.decode.translator import Translator
+from mt.serve.batcher import Batcher, Options  # noqa: E402
 
 
 async def served_rate(translator: Translator, lines: list[str], clients: int, workers: int, beam: int) -> float:

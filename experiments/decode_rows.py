@@ -23,9 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from bench_serve import DEFAULT_SOURCE, read_lines  # noqa: E402
 
-from mt.allocator import keep_freed_memory  # noqa: E402
-from mt.continuous import ContinuousBeamSearch, Sentence  # noqa: E402
-from mt.inference import Translator, load  # noqa: E402
+from mt.decode.allocator import keep_freed_memory  # noqa: E402
+from mt.decode.continuous import ContinuousBeamSearch, Sentence  # noqa: E402
+from mt.decode.inference import load  # noqa: E402
+from mt.decode.translator import Translator
 
 
 class CountedDecode:

@@ -1,4 +1,4 @@
-"""The decoder layer's lean step (``mt.fastpath.FastDecoderLayer``) against
+"""The decoder layer's lean step (``mt.decode.fastpath.FastDecoderLayer``) against
 the layer's own forward on the same loaded model, alternating in one process:
 
 * one decoding step (``Transformer.decode`` of one position against a cache of
@@ -23,9 +23,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from bench_serve import DEFAULT_SOURCE, read_lines  # noqa: E402
 
-from mt import fastpath  # noqa: E402
-from mt.allocator import keep_freed_memory  # noqa: E402
-from mt.inference import Translator, load  # noqa: E402
+from mt.decode import fastpath as fastpath  # noqa: E402
+from mt.decode.allocator import keep_freed_memory  # noqa: E402
+from mt.decode.inference import load  # noqa: E402
+from mt.decode.translator import Translator
 
 
 def step_times(model, rows: list[int], past: int, repeats: int) -> None:

@@ -13,7 +13,7 @@ if [ -d .device ]; then  # offline: the machine's python3 and its packages, as s
     export MT_DATA_DIR=${MT_DATA_DIR:-$PWD/.device/multi30k/raw}
 fi
 python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU here')"
-mt() { python3 -m mt.cli "$@"; }
+mt() { python3 -m mt.cli.main "$@"; }
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name())"
 
 echo "== the toy tour on the GPU"
@@ -29,9 +29,9 @@ python3 - <<'PY'
 import copy
 import torch
 from mt.config import ModelConfig
-from mt.fastpath import speed_up
-from mt.model import Transformer
-from mt.search import SearchSettings, beam_search, greedy_search
+from mt.decode.fastpath import speed_up
+from mt.model.transformer import Transformer
+from mt.decode.search import SearchSettings, beam_search, greedy_search
 
 torch.manual_seed(0)
 cfg = ModelConfig(d_model=128, n_heads=4, enc_layers=4, dec_layers=4, d_ff=256, dropout=0.0,

@@ -1,11 +1,11 @@
 """int8 matrix products against float32 at the shapes of mt's decoding: the main
 job's model (d_model 128, FFN 256) and the decoding benchmark's (d_model 256,
 FFN 1024), an output vocabulary of 8,000; 64 rows = a greedy batch, 320 = a
-beam-5 batch. Float32 is mt's fast path (``mt.fastpath.linear``, oneDNN with a
+beam-5 batch. Float32 is mt's fast path (``mt.decode.fastpath.linear``, oneDNN with a
 packed weight where it applies); int8 is PyTorch's dynamic int8 linear
 (per-row int8 weights, inputs quantized per call) under its x86 engine (fbgemm)
 and its oneDNN engine, and its weight-only int8 product. What int8 can give
-mt's decoding on the machine at hand, and which engine ``mt.int8`` should use.
+mt's decoding on the machine at hand, and which engine ``mt.decode.int8`` should use.
 
     python experiments/int8_products.py
 """
@@ -19,9 +19,9 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from mt.fastpath import PackedWeight, linear
+from mt.decode.fastpath import PackedWeight, linear
+from mt.decode.int8 import REDUCE_RANGE, quantize_rows
 from mt.hardware import VNNI, cpuinfo
-from mt.int8 import REDUCE_RANGE, quantize_rows
 
 SHAPES = {  # (out, in): the stacked Q/K/V, W_O, FFN in, FFN out, the output projection
     128: ((384, 128), (128, 128), (256, 128), (128, 256), (8000, 128)),

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import gzip
 
-from mt.inference import load
-from mt.inspection import translate_with_attention
-from mt.lesson import CHECKED, capture, head_steps
+from mt.decode.inference import load
+from mt.inspect.capture import translate_with_attention
+from mt.inspect.lesson import CHECKED, capture, head_steps
 
 
 def main() -> None:

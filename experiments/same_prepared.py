@@ -18,8 +18,8 @@ import json
 import sys
 from pathlib import Path
 
-from mt.data import Split, TokenBatchSampler
-from mt.tokenizer import Tokenizer
+from mt.data.batches import Split, TokenBatchSampler
+from mt.data.tokenizer import Tokenizer
 
 
 def pieces(directory: Path) -> list:

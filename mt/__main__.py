@@ -2,6 +2,6 @@
 
 import sys
 
-from mt.cli import main
+from mt.cli.main import main
 
 sys.exit(main())

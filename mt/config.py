@@ -173,7 +173,7 @@ class TrainConfig:
     rdrop_alpha: float = 0.0  #: R-Drop: run each batch twice, add alpha x the passes' symmetric KL; 0 = off
     clip_grad_norm: float = 1.0  #: 0 = off
     accumulate_grad_batches: int = 1
-    precision: str = "32-true"  #: 32-true | bf16-mixed | 16-mixed | auto = the faster here (mt.train)
+    precision: str = "32-true"  #: 32-true | bf16-mixed | 16-mixed | auto = the faster here (mt.train.run)
     val_every_steps: int = 0  #: validate every N updates; 0 = at each epoch end
     val_bleu: bool = True  #: greedy-decode the validation split and report BLEU
     early_stopping_patience: int = 0  #: validations without better BLEU before stopping; 0 = off

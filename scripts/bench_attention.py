@@ -12,9 +12,9 @@ import time
 
 import torch
 
-from mt.attention import MultiHeadAttention
 from mt.hardware import fast_bf16
-from mt.masks import causal_mask, lengths_mask
+from mt.model.attention import MultiHeadAttention
+from mt.model.masks import causal_mask, lengths_mask
 
 
 def bench(impl: str, dtype: torch.dtype, args, reps: int = 50) -> float:

@@ -13,18 +13,18 @@ tokenizer, which the converter loads, and its test set gives the lengths).
 
 ``--workers N`` decodes N batches at once, each in its own thread with 1/N
 of the CPU threads, every engine alike: mt and HF through
-``mt.inference.map_in_threads`` (what ``mt translate --workers`` runs),
+``mt.decode.translator.map_in_threads`` (what ``mt translate --workers`` runs),
 CTranslate2 with N ``inter_threads`` (its own workers) fed the same way.
 
 The "mt fp32 products alone" row replays the matrix products that mt's
-search made (every call of ``mt.fastpath.linear``, recorded once) with
+search made (every call of ``mt.decode.fastpath.linear``, recorded once) with
 nothing in between: what mt would decode if its products were all it did.
 Where that row is below twice HF's rate, no trimming of the rest of mt's
 search reaches 2x HF on the machine at hand.
 
 By default the C allocator keeps its defaults, as in any Python program.
 ``--keep-freed-memory`` applies what ``mt translate`` and ``mt evaluate`` set
-(``mt.allocator``) to the whole process, for every engine alike.
+(``mt.decode.allocator``) to the whole process, for every engine alike.
 """
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ from pathlib import Path
 
 import torch
 
-import mt.fastpath
-from mt.allocator import keep_freed_memory
+import mt.decode.fastpath
 from mt.config import ModelConfig
-from mt.fastpath import speed_up
+from mt.decode.allocator import keep_freed_memory
+from mt.decode.fastpath import speed_up
+from mt.decode.int8 import quantize
+from mt.decode.search import SearchSettings, beam_search, greedy_search
+from mt.decode.translator import map_in_threads
 from mt.hardware import BF16_USABLE, VNNI, bf16_speedup, cpuinfo, matmul_peak
-from mt.inference import map_in_threads
-from mt.int8 import quantize
-from mt.model import Transformer
-from mt.search import SearchSettings, beam_search, greedy_search
+from mt.model.transformer import Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 V, OUT_LEN = 8000, 20
@@ -57,7 +57,7 @@ def sources(n: int, prepared: Path) -> list[list[int]]:
     """Multi30k test-set lengths (with EOS) when prepared data exists, random ids."""
     g = torch.Generator().manual_seed(0)
     if (prepared / "test_2016_flickr").is_dir():
-        from mt.data import Split
+        from mt.data.batches import Split
 
         lengths = [len(x) for x in Split(prepared / "test_2016_flickr").src]
     else:
@@ -85,24 +85,24 @@ def timed(fn, data: list[list[int]], batch: int, workers: int = 1) -> float:
 
 def record_products(fn, batches: list) -> list[list[tuple]]:
     """Runs ``fn`` over ``batches`` once and returns, per batch, every matrix
-    product it ran through ``mt.fastpath.linear`` (weight, bias, input shape,
+    product it ran through ``mt.decode.fastpath.linear`` (weight, bias, input shape,
     ReLU, packed weight), in order."""
     calls: list[tuple] = []
-    original = mt.fastpath.linear
+    original = mt.decode.fastpath.linear
 
     def recording(x, weight, bias=None, relu=False, packed=None):
         calls.append((weight, bias, tuple(x.shape), x.dtype, relu, packed))
         return original(x, weight, bias, relu, packed)
 
     per_batch = []
-    mt.fastpath.linear = recording  # every caller looks the name up at call time
+    mt.decode.fastpath.linear = recording  # every caller looks the name up at call time
     try:
         for batch in batches:
             fn(batch)
             per_batch.append(calls[:])
             calls.clear()
     finally:
-        mt.fastpath.linear = original
+        mt.decode.fastpath.linear = original
     return per_batch
 
 
@@ -116,7 +116,7 @@ def replay_products(per_batch: list[list[tuple]], workers: int = 1) -> float:
     @torch.inference_mode()  # as the search runs
     def replay(calls):
         for weight, bias, shape, dtype, relu, packed in calls:
-            mt.fastpath.linear(inputs[shape, dtype], weight, bias, relu, packed)
+            mt.decode.fastpath.linear(inputs[shape, dtype], weight, bias, relu, packed)
 
     map_in_threads(replay, per_batch[:workers], workers)  # warm-up
     start = time.perf_counter()
@@ -179,7 +179,7 @@ def main() -> None:
     ours = speed_up(ours).eval()  # as mt translate loads a model
     ours_bf16 = speed_up(Transformer(ours.cfg)).eval().to(torch.bfloat16)
     ours_bf16.load_state_dict(ours.state_dict())
-    ours_int8 = speed_up(Transformer(ours.cfg)).eval()  # as --dtype int8 (mt/int8.py)
+    ours_int8 = speed_up(Transformer(ours.cfg)).eval()  # as --dtype int8 (mt/decode/int8.py)
     ours_int8.load_state_dict(ours.state_dict())
     quantize(ours_int8)
     # bf16 rows only where bfloat16 has a fast path (not on AVX2-only CPUs, where it is ~400x slower)

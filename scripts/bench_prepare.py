@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from mt.corpus import iter_lines
+from mt.data.corpus import iter_lines
 
 ROOT = Path(__file__).resolve().parent.parent
 MULTI30K = ROOT.parent / "shared" / "data" / "multi30k" / "raw"

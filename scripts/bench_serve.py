@@ -68,16 +68,9 @@ def children_of(pid: int) -> list[int]:
 def offline(model: str, lines: list[str], beam: int, dtype: str = "auto") -> tuple[list[str], float, float]:
     """mt translate's translations of ``lines``, its sentences/s and its CPU ms per
     sentence (model loading excluded), on the CPU in ``dtype`` (auto or float32: float32)."""
-    from mt.allocator import keep_freed_memory
-    from mt.inference import Translator, load
+    from mt.decode.inference import DecodingOptions, open_translator
 
-    keep_freed_memory()
-    m, tok, _ = load(model)
-    if dtype == "int8":
-        from mt.int8 import quantize
-
-        quantize(m)
-    translator = Translator(m, tok, beam=beam)
+    translator, _ = open_translator([model], DecodingOptions(beam=beam, device="cpu", dtype=dtype))  # as mt serve
     translator.translate(lines[:32])  # warm up, as the server is by its first requests
     start, cpu = time.perf_counter(), own_cpu()
     out = translator.translate(lines)

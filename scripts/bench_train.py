@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from mt.config import ModelConfig
-from mt.fastpath import speed_up
+from mt.decode.fastpath import speed_up
 from mt.hardware import BF16_USABLE, bf16_speedup, matmul_peak
-from mt.layers import sinusoidal_table
-from mt.loss import linear_cross_entropy
-from mt.model import Transformer
+from mt.model.layers import sinusoidal_table
+from mt.model.transformer import Transformer
+from mt.train.loss import linear_cross_entropy
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -59,7 +59,7 @@ def batches(n: int, max_tokens: int, prepared: Path | None, seed: int = 0) -> li
     """Length-bucketed batches of ~max_tokens: real Multi30k lengths when prepared data exists."""
     g = torch.Generator().manual_seed(seed)
     if prepared is not None and (prepared / "train").is_dir():
-        from mt.data import Split
+        from mt.data.batches import Split
 
         s = Split(prepared / "train")
         pairs = [(len(a), len(b) + 1) for a, b in zip(s.src, s.tgt)]

@@ -38,7 +38,7 @@ if [ "${GPU_CHECK_REQUIRE_GPU:-1}" = 1 ]; then
     python3 -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'no CUDA GPU here')"
 fi
 python3 -m pip list 2>/dev/null | grep -iE "^(torch|lightning|datasets|pyarrow|fsspec|huggingface.hub|sentencepiece|sacrebleu|sacremoses) " || true
-mt() { python3 -m mt.cli "$@"; }  # whether or not pip put the console script on PATH
+mt() { python3 -m mt.cli.main "$@"; }  # whether or not pip put the console script on PATH
 python3 -c "import torch; print('torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu')"
 
 out=${OUT:-runs/gpu_check}

@@ -14,7 +14,7 @@ import csv
 import sys
 from pathlib import Path
 
-from mt.plotting import plt, save_figure
+from mt.inspect.plotting import plt, save_figure
 
 
 def curve(run: Path) -> list[tuple[float, float]]:

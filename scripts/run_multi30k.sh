@@ -42,7 +42,7 @@ mt train --config "$config" "$@"
 echo "== evaluate test_2016_flickr, beam 5"
 mt evaluate --model "$run_dir" --split test_2016_flickr --beam 5 --paper
 echo "== attention map of the first test sentence"
-sentence=$(python -c "from mt.data import Split; print(Split(__import__('pathlib').Path('$prepared') / 'test_2016_flickr').src_text[0])")
+sentence=$(python -c "from mt.data.batches import Split; print(Split(__import__('pathlib').Path('$prepared') / 'test_2016_flickr').src_text[0])")
 mt attention --model "$run_dir" --src "$sentence" --kind cross --out "$run_dir/attention-cross.png" --stats --align \
     --html "$run_dir/attention.html"
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mt.cli import main
+from mt.cli.main import main
 from mt.config import DataConfig, load_config
-from mt.prepare import prepare
-from mt.toy import toy_corpus
+from mt.data.prepare import prepare
+from mt.data.toy import toy_corpus
 
 
 def write_corpus(directory: Path, splits: dict, langs=("en", "de"), gz=False) -> Path:

@@ -1,4 +1,4 @@
-"""mt.allocator: with freed memory kept, beam search stops faulting in fresh
+"""mt.decode.allocator: with freed memory kept, beam search stops faulting in fresh
 pages at every step; the opt-outs leave the allocator as it is."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from conftest import run_command
 # then the minor page faults of each of three more searches.
 PROBE = """
 import resource, sys, torch
-from mt.allocator import keep_freed_memory
+from mt.decode.allocator import keep_freed_memory
 from mt.config import ModelConfig
-from mt.model import Transformer
-from mt.search import SearchSettings, beam_search
+from mt.model.transformer import Transformer
+from mt.decode.search import SearchSettings, beam_search
 took = keep_freed_memory()
 if sys.argv[1] == "search":
     torch.manual_seed(0)

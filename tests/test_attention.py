@@ -1,13 +1,16 @@
+import copy
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from mt.attention import KV, MultiHeadAttention, scaled_dot_product_attention
-from mt.fastpath import speed_up
-from mt.inspection import attention_stats
-from mt.masks import causal_mask, lengths_mask, padding_mask
+from mt.decode.fastpath import softmax as fast_softmax
+from mt.decode.fastpath import speed_up
+from mt.inspect.capture import attention_stats
+from mt.model.attention import KV, MultiHeadAttention, scaled_dot_product_attention
+from mt.model.masks import causal_mask, lengths_mask, padding_mask
+from mt.train.speed import TrainingAttention, for_training
 
 
 def numpy_attention(q, k, v, mask, temperature=1.0):
@@ -152,11 +155,11 @@ def test_fast_path_projects_self_attention_in_one_product():
     """Without gradients, on the fast path, self-attention stacks W_q, W_k, W_v into
     one product: same outputs and keys/values as the three separate products training uses."""
     torch.manual_seed(8)
-    mha = speed_up(MultiHeadAttention(16, 2)).eval()
+    plain = MultiHeadAttention(16, 2).eval()
+    mha = speed_up(copy.deepcopy(plain))
     x = torch.randn(2, 4, 16)
     mask = padding_mask(torch.tensor([[1] * 4, [1] * 3 + [0]]), 0) & causal_mask(4)
-    separate = mha(x, x, mask)
-    assert separate.output.requires_grad  # gradients on: three products
+    separate = plain(x, x, mask)  # the textbook module: three products
     with torch.no_grad():
         stacked = mha(x, x, mask)
         step = mha(x[:, -1:], x[:, -1:], None, past=KV(separate.kv.k[:, :, :3], separate.kv.v[:, :, :3]))
@@ -244,8 +247,9 @@ def test_grouped_queries_equal_repeated_keys(impl, fast):
         torch.testing.assert_close(mha(queries, memory, mask).output, expected.output)
     with pytest.raises(ValueError, match="evenly"):
         mha(torch.randn(5, 1, 16), memory, mask)
-    with pytest.raises(ValueError, match="per key row"):
-        mha(queries, memory, mask & causal_mask(4, 5))
+    if fast:  # one copy of the keys for G query rows: a mask per key row only
+        with pytest.raises(ValueError, match="per key row"):
+            mha(queries, memory, mask & causal_mask(4, 5))
 
 
 def test_masks_shapes():
@@ -274,7 +278,8 @@ def test_attention_stats():
 
 @pytest.mark.parametrize("t_q,t_k", [(1, 5), (7, 15), (3, 16), (2, 40)])
 def test_short_rows_softmax_equals_torch(t_q, t_k):
-    """Rows shorter than 16 keys take a transposed route (a faster CPU kernel): same weights."""
+    """Rows shorter than 16 keys take a transposed route (a faster CPU kernel) on the fast
+    path and in training (``mt.train.speed``): the textbook weights and outputs."""
     torch.manual_seed(t_k)
     q, k, v = torch.randn(2, 3, t_q, 8), torch.randn(2, 3, t_k, 8), torch.randn(2, 3, t_k, 8)
     mask = torch.rand(2, 1, t_q, t_k) > 0.3
@@ -283,3 +288,9 @@ def test_short_rows_softmax_equals_torch(t_q, t_k):
     expected = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     torch.testing.assert_close(weights, expected, rtol=0, atol=1e-6)
     torch.testing.assert_close(out, expected @ v, rtol=0, atol=1e-5)
+    torch.testing.assert_close(fast_softmax(scores).nan_to_num(0.0), expected, rtol=0, atol=1e-6)
+    mha = MultiHeadAttention(24, 3)
+    trained = for_training(copy.deepcopy(mha))
+    assert type(trained) is TrainingAttention
+    torch.testing.assert_close(trained.attend(q, k, v, mask, False, 1.0)[0], mha.attend(q, k, v, mask, False, 1.0)[0],
+                               rtol=0, atol=1e-5)  # fmt: skip

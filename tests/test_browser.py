@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from mt.cli import main
+from mt.cli.main import main
 
 
 def _browser_or_skip():

@@ -12,13 +12,14 @@ import pytest
 import torch
 from conftest import ROOT, mt_cmd, run_command, train_args
 
-import mt.inference
-from mt.cli import main
-from mt.data import Split
-from mt.inference import Translator, decoding_dtype, decoding_workers, load
-from mt.inspection import alignment, force_decode, pharaoh, translate_with_attention
-from mt.metrics import bleu
-from mt.plotting import heatmap_grid, save_figure
+import mt.decode.translator
+from mt.cli.main import main
+from mt.data.batches import Split
+from mt.decode.inference import decoding_dtype, load
+from mt.decode.translator import Translator, decoding_workers
+from mt.evaluate.metrics import bleu
+from mt.inspect.capture import alignment, force_decode, pharaoh, translate_with_attention
+from mt.inspect.plotting import heatmap_grid, save_figure
 from mt.textio import atomic_output, new_file_mode
 
 
@@ -52,7 +53,7 @@ def test_workers_decode_batches_in_threads_with_the_same_output(toy_model, toy_t
     src = src[:7] + [""] + src[7:]
     seen = []
     search = "greedy_search" if beam == 1 else "beam_search"
-    original = getattr(mt.inference, search)
+    original = getattr(mt.decode.translator, search)
 
     def spy(*args, **kwargs):
         seen.append((threading.current_thread().name, torch.get_num_threads()))
@@ -62,7 +63,7 @@ def test_workers_decode_batches_in_threads_with_the_same_output(toy_model, toy_t
     torch.set_num_threads(2)
     try:
         one = Translator(model, tok, beam=beam, batch_size=16, workers=1).translate(src)
-        monkeypatch.setattr(mt.inference, search, spy)
+        monkeypatch.setattr(mt.decode.translator, search, spy)
         two = Translator(model, tok, beam=beam, batch_size=16, workers=2).translate(src)
         assert torch.get_num_threads() == 2
     finally:
@@ -79,7 +80,7 @@ def test_a_failing_worker_raises_and_restores_the_thread_count(toy_model, toy_te
     def broken(*args, **kwargs):
         raise RuntimeError("search failed")
 
-    monkeypatch.setattr(mt.inference, "greedy_search", broken)
+    monkeypatch.setattr(mt.decode.translator, "greedy_search", broken)
     threads = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="search failed"):
         Translator(model, tok, beam=1, batch_size=4, workers=2).translate(toy_test[0][:20])
@@ -320,7 +321,7 @@ def test_evaluate_checks_line_counts_before_decoding(toy_run, toy_test, tmp_path
     (tmp_path / "a.src").write_text("\n".join(src[:5]) + "\n")
     (tmp_path / "a.ref").write_text("\n".join(ref[:4]) + "\n")
     (tmp_path / "a.tok").write_text("\n".join(ref[:3]) + "\n")
-    from mt.inference import Translator
+    from mt.decode.translator import Translator
 
     def no_decoding(*args, **kwargs):
         raise AssertionError("decoded before the line counts were checked")

@@ -1,4 +1,4 @@
-"""Continuous batching (mt.continuous): sentences that join a search under way
+"""Continuous batching (mt.decode.continuous): sentences that join a search under way
 and leave it when finished get what beam search gives each of them alone."""
 
 import random
@@ -7,11 +7,12 @@ import pytest
 import torch
 from test_search import BOS, EOS, PAD, S, tiny_model
 
-from mt.continuous import ContinuousBeamSearch, Sentence
-from mt.ensemble import Ensemble
-from mt.fastpath import speed_up
-from mt.search import SearchSettings, beam_search
-from mt.tokenizer import pad_batch
+from mt.data.tokenizer import pad_batch
+from mt.decode.continuous import ContinuousBeamSearch, Sentence
+from mt.decode.ensemble import Ensemble
+from mt.decode.fastpath import speed_up
+from mt.decode.joining import JoinedCache, join_sources
+from mt.decode.search import SearchSettings, beam_search
 
 
 def peaky(seed: int = 0):
@@ -121,17 +122,18 @@ def test_a_row_that_joins_a_cache_gets_the_logits_it_gets_alone():
     model = peaky()
     a, b = torch.tensor([[5, 6, 7, EOS]]), torch.tensor([[8, 9, EOS]])
     enc_a, enc_b = model.encode(a), model.encode(b)
-    dec = model.decode(torch.tensor([[BOS]]), enc_a, model.source_cache(enc_a))
+    dec = model.decode(torch.tensor([[BOS]]), enc_a, JoinedCache(model.source_cache(enc_a).layers))
     dec = model.decode(torch.tensor([[11]]), enc_a, dec.cache)  # a has two positions; b joins at the third slot
     cache = dec.cache.join(model.source_cache(enc_b), rows=1)
-    assert cache.pad.tolist() == [0, 2]
-    joined = model.decode(torch.tensor([[12], [BOS]]), enc_a.join(enc_b), cache)
+    assert isinstance(cache, JoinedCache) and cache.pad.tolist() == [0, 2]
+    both = join_sources(enc_a, enc_b)
+    joined = model.decode(torch.tensor([[12], [BOS]]), both, cache)
     alone_a = model.decode(torch.tensor([[BOS, 11, 12]]), enc_a).logits[:, -1]
     alone_b = model.decode(torch.tensor([[BOS]]), enc_b).logits[:, -1]
     torch.testing.assert_close(joined.logits[:, -1], torch.cat([alone_a, alone_b]), atol=1e-5, rtol=1e-5)
     # one more step: b at its second position, a at its fourth
-    nxt = model.decode(torch.tensor([[13], [14]]), enc_a.join(enc_b), joined.cache).logits[:, -1]
+    nxt = model.decode(torch.tensor([[13], [14]]), both, joined.cache).logits[:, -1]
     want_b = model.decode(torch.tensor([[BOS, 14]]), enc_b).logits[:, -1]
     torch.testing.assert_close(nxt[1:], want_b, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="at least one position"):
-        model.source_cache(enc_a).join(model.source_cache(enc_b), rows=1)
+        JoinedCache(model.source_cache(enc_a).layers).join(model.source_cache(enc_b), rows=1)

@@ -12,12 +12,12 @@ import pytest
 import torch
 from conftest import write_corpus
 
-from mt.cli import main
+from mt.cli.main import main
 from mt.config import ConfigError, DataConfig
-from mt.data import Split, TokenBatchSampler, TranslationDataModule, padding_waste
+from mt.data.batches import Split, TokenBatchSampler, TranslationDataModule, padding_waste
+from mt.data.prepare import prepare
+from mt.data.tokenizer import MergeDropout, TextNormalizer, Tokenizer
 from mt.errors import DataError
-from mt.prepare import prepare
-from mt.tokenizer import MergeDropout, TextNormalizer, Tokenizer
 
 
 @pytest.mark.parametrize("gz", [False, True])
@@ -197,7 +197,7 @@ def test_download_fetches_the_tokenized_references_for_paper_bleu(
 ):
     """The downloaded corpus brings the tokenized test references that `mt evaluate --paper`
     needs; a reference that cannot be fetched is a warning, not a failed prepare."""
-    from mt.evaluate import find_paper_reference
+    from mt.evaluate.scoring import find_paper_reference
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MT_DATA_DIR", raising=False)

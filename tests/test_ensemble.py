@@ -8,13 +8,14 @@ import pytest
 import torch
 from test_search import PAD, S, sources, tiny_model, uncached_greedy
 
-from mt.cli import main
-from mt.ensemble import Ensemble
+from mt.cli.main import main
+from mt.data.tokenizer import write_text_config
+from mt.decode.ensemble import Ensemble
+from mt.decode.inference import WEIGHTS, export_model, load, load_ensemble
+from mt.decode.search import beam_search, greedy_search
+from mt.decode.translator import Translator
 from mt.errors import ModelDirError
-from mt.inference import WEIGHTS, Translator, export_model, load, load_ensemble
-from mt.model import DecoderCache, Transformer
-from mt.search import beam_search, greedy_search
-from mt.tokenizer import write_text_config
+from mt.model.transformer import DecoderCache, Transformer
 
 
 def peaky(seed: int) -> Transformer:
@@ -103,7 +104,7 @@ def other_run(toy_run, tmp_path_factory):
 
 
 def test_translate_and_evaluate_with_an_ensemble(toy_run, other_run, toy_data, tmp_path, capsys):
-    from mt.data import Split
+    from mt.data.batches import Split
 
     src = Split(toy_data / "test").src_text[:30]
     (tmp_path / "in.txt").write_text("\n".join(src) + "\n")

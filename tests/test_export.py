@@ -11,12 +11,14 @@ ctranslate2 = pytest.importorskip("ctranslate2", reason="the export extra: pip i
 
 from conftest import mt_cmd, run_command  # noqa: E402
 
-from mt.cli import main  # noqa: E402
+from mt.cli.main import main  # noqa: E402
 from mt.config import ModelConfig  # noqa: E402
+from mt.decode.ct2 import CT2Translator  # noqa: E402
+from mt.decode.inference import export_model, load  # noqa: E402
+from mt.decode.translator import Translator  # noqa: E402
 from mt.errors import MTError  # noqa: E402
-from mt.export import CT2Translator, ct2_spec, export_ct2  # noqa: E402
-from mt.inference import Translator, export_model, load  # noqa: E402
-from mt.model import Transformer  # noqa: E402
+from mt.export.ct2 import ct2_spec, export_ct2  # noqa: E402
+from mt.model.transformer import Transformer  # noqa: E402
 
 SENTENCES = ["the big dog sees a red bird", "a cat runs", "the small bird sees the big cat", "dogs run", ""]
 
@@ -58,7 +60,7 @@ def test_greedy_outputs_keep_their_own_length_limit(toy_run, exported):
 
 @pytest.fixture(scope="module")
 def toy_test_lines(toy_data):
-    from mt.data import Split
+    from mt.data.batches import Split
 
     return Split(toy_data / "test").src_text[:40]
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from conftest import ROOT, TOY, mt_cmd, run_command, train_args, wait_for, write_corpus
 
-from mt.cli import main
+from mt.cli.main import main
+from mt.data.prepare import prepare
 from mt.errors import DataError
-from mt.prepare import prepare
 from mt.textio import atomic_output
 
 # ---- outputs: written through links, into pipes and devices, never over something else
@@ -176,7 +176,7 @@ def test_a_run_directory_that_is_a_file_is_named_as_such(toy_data, tmp_path, cap
 
 
 def test_resume_point_is_the_newest_complete_checkpoint(tmp_path):
-    from mt.train import resume_point
+    from mt.train.run import resume_point
 
     ckpt = tmp_path / "checkpoints"
     ckpt.mkdir()

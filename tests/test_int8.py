@@ -1,4 +1,4 @@
-"""--dtype int8 (mt/int8.py) on a trained toy model: the output projection alone, and every product."""
+"""--dtype int8 (mt/decode/int8.py) on a trained toy model: the output projection alone, and every product."""
 
 import copy
 import pickle
@@ -7,9 +7,10 @@ import sacrebleu
 import torch
 from conftest import mt_cmd, run_command
 
-from mt.cli import main
-from mt.inference import Translator, load
-from mt.int8 import Int8Linear, Int8OutputProjection, Int8StackedProduct, quantize, quantize_rows
+from mt.cli.main import main
+from mt.decode.inference import load
+from mt.decode.int8 import Int8Linear, Int8StackedProduct, Int8Transformer, quantize, quantize_rows
+from mt.decode.translator import Translator
 
 # BLEU that int8 may cost on the toy test set: its 100 sentences score ~86, and
 # one translation changed by int8 rounding moves that by ~0.3
@@ -31,7 +32,7 @@ def test_rows_are_quantized_to_within_half_a_step():
 
 
 def test_the_output_projection_in_int8_keeps_the_logits_close_and_the_bleu(toy_run, toy_data):
-    from mt.data import Split
+    from mt.data.batches import Split
 
     test = Split(toy_data / "test")
     model, tok, _ = load(toy_run)
@@ -42,7 +43,7 @@ def test_the_output_projection_in_int8_keeps_the_logits_close_and_the_bleu(toy_r
         quantize(model, layers=False)
         got = model.project(states)
         int8 = Translator(model, tok, beam=5, workers=1).translate(test.src_text)
-    assert any(isinstance(m, Int8OutputProjection) for m in model.modules())
+    assert any(isinstance(m, Int8Transformer) for m in model.modules())
     assert not any(isinstance(m, Int8Linear) for m in model.modules())
     assert (got - want).abs().max() <= 0.02 * want.abs().max()  # a per-row int8 weight, per-call int8 states
     _assert_keeps_its_bleu(fp32, int8, test.tgt_text)
@@ -50,7 +51,7 @@ def test_the_output_projection_in_int8_keeps_the_logits_close_and_the_bleu(toy_r
 
 def test_every_product_in_int8_keeps_the_logits_close_and_the_bleu(toy_run, toy_data):
     """What --dtype int8 does on a CPU with VNNI, tested on any CPU (it is only slower without)."""
-    from mt.data import Split
+    from mt.data.batches import Split
 
     test = Split(toy_data / "test")
     model, tok, _ = load(toy_run)

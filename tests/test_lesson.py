@@ -10,14 +10,14 @@ import pytest
 import torch
 from conftest import ROOT
 
-from mt import lesson as lesson_mod
-from mt.cli import main
+from mt.cli.main import main
 from mt.config import ModelConfig
-from mt.inference import load
-from mt.inspection import force_decode
-from mt.lesson import capture, entropy, head_steps, save_npz, textbook_head
-from mt.model import Transformer
-from mt.plotting import _cut_labels, flow_figure
+from mt.decode.inference import load
+from mt.inspect import lesson as lesson_mod
+from mt.inspect.capture import force_decode
+from mt.inspect.lesson import capture, entropy, head_steps, save_npz, textbook_head
+from mt.inspect.plotting import _cut_labels, flow_figure
+from mt.model.transformer import Transformer
 
 TOK = SimpleNamespace(
     bos_id=1, eos_id=2, src_pieces=lambda ids: [str(i) for i in ids], tgt_pieces=lambda ids: [str(i) for i in ids]

@@ -2,7 +2,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mt.loss import linear_cross_entropy, linear_rdrop_cross_entropy
+from mt.train.loss import linear_cross_entropy, linear_rdrop_cross_entropy
 
 
 @pytest.mark.parametrize("smoothing", [0.0, 0.1])

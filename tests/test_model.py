@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from mt.config import Config, ConfigError, ModelConfig, load_config
-from mt.layers import FeedForward
-from mt.model import DecoderCache, Transformer
+from mt.model.layers import FeedForward
+from mt.model.transformer import DecoderCache, Transformer
 
 PAD, BOS = 0, 1
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 from conftest import ROOT, run_command
 
-from mt.toy import TRANSLATION
+from mt.data.toy import TRANSLATION
 
 DOC_PAGES = ("data.md", "training.md", "decoding.md", "attention.md")
 

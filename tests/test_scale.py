@@ -12,13 +12,13 @@ import subprocess
 import pytest
 from conftest import mt_cmd, train_args, write_corpus
 
-from mt.cli import main
+from mt.cli.main import main
 from mt.config import DataConfig
-from mt.data import Split, TranslationDataModule
+from mt.data.batches import Split, TranslationDataModule
+from mt.data.prepare import prepare
+from mt.data.tokenizer import Tokenizer
+from mt.data.toy import TRANSLATION, WORDS
 from mt.errors import DataError
-from mt.prepare import prepare
-from mt.tokenizer import Tokenizer
-from mt.toy import TRANSLATION, WORDS
 
 
 def long_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:

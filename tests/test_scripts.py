@@ -7,13 +7,13 @@ import sys
 import torch
 from conftest import ROOT, TOY, run_command, write_corpus
 
-import mt.fastpath
+import mt.decode.fastpath
 from mt.config import ModelConfig
-from mt.corpus import read_lines
-from mt.fastpath import speed_up
-from mt.model import Transformer
-from mt.search import SearchSettings, greedy_search
-from mt.toy import toy_corpus
+from mt.data.corpus import read_lines
+from mt.data.toy import toy_corpus
+from mt.decode.fastpath import speed_up
+from mt.decode.search import SearchSettings, greedy_search
+from mt.model.transformer import Transformer
 
 HEADER = "epoch,grad_norm,lr-AdamW,step,tok_per_s,train_loss,val_bleu,val_loss,val_ppl\n"
 
@@ -102,10 +102,10 @@ def test_bench_decode_records_every_product_of_a_search_and_replays_them():
     s = SearchSettings(2, 3, 0, max_len_a=0.0, max_len_b=6, min_len=6)  # exactly 6 steps
     batches = [torch.randint(4, 50, (3, 5)), torch.randint(4, 50, (2, 7))]
     before = [greedy_search(model, b, s) for b in batches]
-    original = mt.fastpath.linear
+    original = mt.decode.fastpath.linear
     outputs = []
     recorded = bench.record_products(lambda b: outputs.append(greedy_search(model, b, s)), batches)
-    assert mt.fastpath.linear is original  # restored
+    assert mt.decode.fastpath.linear is original  # restored
     assert [[h.tokens for h in o] for o in outputs] == [[h.tokens for h in o] for o in before]
     # encoder: stacked q/k/v, output, two FFN products per layer; decoder: the source's
     # keys and values once per layer, then per step and layer stacked q/k/v, output,

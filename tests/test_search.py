@@ -3,11 +3,11 @@ import math
 import pytest
 import torch
 
-from mt.attention import KV
 from mt.config import ModelConfig
-from mt.layers import LayerCache
-from mt.model import DecoderCache, DecoderOutput, EncoderOutput, Transformer
-from mt.search import SearchSettings, arg_max, beam_search, greedy_search, top_k
+from mt.decode.search import SearchSettings, arg_max, beam_search, greedy_search, top_k
+from mt.model.attention import KV
+from mt.model.layers import LayerCache
+from mt.model.transformer import DecoderCache, DecoderOutput, EncoderOutput, Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 S = SearchSettings(BOS, EOS, PAD, max_len_a=1.0, max_len_b=4)
@@ -119,7 +119,7 @@ class TableModel:
         return EncoderOutput(src[..., None].float(), src[:, None, None, :] != PAD, None)
 
     def decode(self, tgt, enc, cache):
-        prev = cache.layers[0].self_kv.resolved().k if cache.layers else tgt.new_zeros((tgt.size(0), 1, 0, 1)).float()
+        prev = cache.layers[0].self_kv.k if cache.layers else tgt.new_zeros((tgt.size(0), 1, 0, 1)).float()
         k = torch.cat([prev, tgt.float()[:, None, :, None]], dim=2)  # the prefix so far
         prefixes = [tuple(int(t) for t in row[0, 1:, 0]) for row in k]
         logits = torch.tensor([self.table(p) for p in prefixes]).log()[:, None, :]
@@ -164,10 +164,10 @@ def test_search_with_block_selection_equals_plain_topk(monkeypatch):
     src = torch.randint(4, 640, (5, 7), generator=torch.Generator().manual_seed(2))
     src[:, -1] = EOS
     fast = beam_search(m, src, S, beam=5, n_best=3), greedy_search(m, src, S)
-    import mt.search
+    import mt.decode.search
 
-    monkeypatch.setattr(mt.search, "top_k", lambda x, k: x.topk(k, dim=1))
-    monkeypatch.setattr(mt.search, "arg_max", lambda x: x.max(dim=1))
+    monkeypatch.setattr(mt.decode.search, "top_k", lambda x, k: x.topk(k, dim=1))
+    monkeypatch.setattr(mt.decode.search, "arg_max", lambda x: x.max(dim=1))
     assert (beam_search(m, src, S, beam=5, n_best=3), greedy_search(m, src, S)) == fast
 
 

@@ -15,8 +15,9 @@ import pytest
 from conftest import ROOT, mt_cmd, run_command, wait_for
 from fastapi.testclient import TestClient
 
-from mt.inference import Translator, load
-from mt.serve import Limits, Service, create_app, model_info
+from mt.decode.inference import load
+from mt.decode.translator import Translator
+from mt.serve.app import Limits, Service, create_app, model_info
 
 SENTENCES = ["the big dog sees a red bird", "a cat runs", "the small bird sees the big cat", "dogs run"]
 
@@ -91,7 +92,7 @@ def test_model_health_and_page(client, toy_run):
 
 
 def test_attention_is_what_mt_attention_captures(client, service):
-    from mt.inspection import force_decode
+    from mt.inspect.capture import force_decode
 
     r = client.post("/v1/attention", json={"text": SENTENCES[0]})
     a = r.json()
@@ -276,7 +277,7 @@ def test_the_load_benchmark_gets_every_answer_equal_to_the_offline_translation(t
 
 
 def test_bad_serve_options_are_named_before_anything_loads(toy_run, capsys):
-    from mt.cli import main
+    from mt.cli.main import main
 
     for opts, message in (
         (["--max-lines", "0"], "--max-lines and --max-chars must be at least 1"),

@@ -14,14 +14,14 @@ import torch
 from conftest import ROOT, TOY, metrics, mt_cmd, run_command, train_args, wait_for
 from safetensors.torch import load_file
 
-from mt.checkpoints import average_checkpoints, step_checkpoints, validation_loss
-from mt.cli import main
+from mt.cli.main import main
 from mt.config import load_config
-from mt.data import TokenBatchSampler, TranslationDataModule
-from mt.fastpath import speed_up
-from mt.lit import inverse_sqrt
-from mt.model import Transformer
-from mt.train import resolve_precision
+from mt.data.batches import TokenBatchSampler, TranslationDataModule
+from mt.decode.fastpath import speed_up
+from mt.model.transformer import Transformer
+from mt.train.checkpoints import average_checkpoints, step_checkpoints, validation_loss
+from mt.train.lit import inverse_sqrt
+from mt.train.run import resolve_precision
 
 
 def test_toy_model_learns(toy_run):
@@ -86,13 +86,13 @@ def test_same_seed_same_metrics(toy_data, tmp_path):
 def test_auto_precision_runs_the_faster_one_on_a_cpu(monkeypatch):
     cfg = load_config(TOY, ["train.precision=auto", "trainer.accelerator=cpu"])
     for speedup, chosen in ((2.0, "bf16-mixed"), (1.0, "32-true"), (0.55, "32-true")):
-        monkeypatch.setattr("mt.train.bf16_speedup", lambda s=speedup: s)
+        monkeypatch.setattr("mt.train.run.bf16_speedup", lambda s=speedup: s)
         assert resolve_precision(cfg) == chosen
 
     def unmeasured():
         raise AssertionError("measured where nothing was to be chosen")
 
-    monkeypatch.setattr("mt.train.bf16_speedup", unmeasured)
+    monkeypatch.setattr("mt.train.run.bf16_speedup", unmeasured)
     assert resolve_precision(load_config(TOY, ["train.precision=bf16-mixed"])) == "bf16-mixed"
     # the ranks of a multi-process CPU run must agree, so none of them measures
     ddp = load_config(TOY, ["train.precision=auto", "trainer.accelerator=cpu", "trainer.devices=2"])
@@ -103,7 +103,7 @@ def test_auto_precision_is_recorded_and_leaves_the_run_as_it_was(toy_data, tmp_p
     """The measurement runs (here forced to choose float32), the run then matches
     one that named 32-true, and config.yaml says what ran."""
     short = ("train.max_steps=40", "train.val_every_steps=20", "trainer.accelerator=cpu")
-    monkeypatch.setattr("mt.train.BF16_MIN_SPEEDUP", math.inf)
+    monkeypatch.setattr("mt.train.run.BF16_MIN_SPEEDUP", math.inf)
     assert main(train_args(toy_data, tmp_path / "auto", *short, "train.precision=auto")) == 0
     assert "train.precision=auto: 32-true (bfloat16 products run at" in capsys.readouterr().out
     assert load_config(tmp_path / "auto" / "config.yaml").train.precision == "32-true"

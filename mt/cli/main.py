@@ -1,0 +1,406 @@
+"""The ``mt`` command line: one entry point, one subcommand per job.
+
+Each subcommand's module is imported only when it runs, so ``mt --help``
+stays fast. Expected failures (bad config, missing files, bad input) are
+raised as :class:`mt.errors.MTError` subclasses and printed as one line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+from mt import __version__
+from mt.config import DECODING
+from mt.errors import MTError, Stopped
+
+
+def _add_prepare(sub) -> None:
+    p = sub.add_parser("prepare", help="tokenize a parallel corpus with sentencepiece")
+    p.add_argument("--config", required=True, help="YAML config (configs/*.yaml)")
+    p.add_argument("--data-dir", help="local directory of <split>.<lang>[.gz] files (overrides data.local_dir)")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides")
+
+
+def _run_prepare(args) -> None:
+    from mt.config import load_config
+    from mt.data.prepare import prepare
+
+    cfg = load_config(args.config, args.overrides)
+    if args.data_dir:
+        cfg.data.local_dir = args.data_dir
+        cfg.data.source = "local"
+    prepare(cfg.data)
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train a model (Lightning) into a run directory")
+    p.add_argument("--config", required=True, help="YAML config (configs/*.yaml)")
+    p.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=100")
+
+
+def _run_train(args) -> None:
+    from mt.config import load_config
+    from mt.train.run import train
+
+    train(load_config(args.config, args.overrides))
+
+
+def _add_average(sub) -> None:
+    p = sub.add_parser("average", help="average the last N checkpoints of a run into its inference model")
+    p.add_argument("--model", required=True, help="run directory")
+    p.add_argument("--last", type=int, required=True, help="how many of the kept step checkpoints; 0 = the best one")
+    p.add_argument(
+        "--choose",
+        action="store_true",
+        help="average the last k <= N instead, the k of lowest validation loss (reads the run's prepared data)",
+    )
+
+
+def _run_average(args) -> None:
+    from pathlib import Path
+
+    from mt.config import load_config
+    from mt.train.checkpoints import export_from_checkpoints
+
+    if args.last < 0:
+        raise MTError(f"--last must be >= 0 (0 = the best checkpoint), got {args.last}")
+    run_dir = Path(args.model)
+    cfg = load_config(run_dir / "config.yaml")
+    val = None
+    if args.choose:
+        if args.last == 0:
+            raise MTError("--choose picks how many of the last --last N checkpoints to average: give N >= 1")
+        from mt.data.batches import TranslationDataModule
+
+        val = list(TranslationDataModule(cfg.data).val_dataloader())
+    print(f"inference model written: {export_from_checkpoints(cfg, run_dir, args.last, val)}")
+
+
+def _add_decoding_options(p) -> None:
+    p.add_argument(
+        "--model",
+        required=True,
+        nargs="+",
+        metavar="RUN_DIR",
+        help="run directory (model.safetensors, model.json, spm*.model); several = an ensemble that averages "
+        "their probabilities (they must share one tokenizer)",
+    )
+    d = DECODING
+    p.add_argument("--beam", type=int, default=d.beam, help=f"beam size; 1 = greedy (default {d.beam})")
+    p.add_argument(
+        "--alpha", type=float, default=d.alpha, help=f"length penalty: score / length**alpha (default {d.alpha})"
+    )
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sentences per batch (default {d.batch_size})")
+    p.add_argument(
+        "--max-len-a",
+        type=float,
+        default=d.max_len_a,
+        help=f"output length limit a*source_len+b (default {d.max_len_a})",
+    )
+    p.add_argument("--max-len-b", type=int, default=d.max_len_b, help=f"(default {d.max_len_b})")
+    p.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda, cuda:1, ...")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="batches decoded at once, each in its own thread with a share of the CPU threads, so that one "
+        "batch's Python overlaps the other's products (default: 2 on a CPU with two or more threads; 1 on a GPU)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "float32", "bfloat16", "int8"],
+        default=d.dtype,
+        help="weights and activations while decoding: auto (default) = bfloat16 on GPUs that support it, "
+        "else float32. On CPUs with native bfloat16 it pays for wide models only; on AVX2-only CPUs it is "
+        "hundreds of times slower (a warning says so). int8 (CPU): products with int8 weights, made from "
+        "the float32 ones (no second model file): every linear layer where the CPU has VNNI, else the output "
+        "projection alone, the one that gains there (mt/decode/int8.py). Attention and search scores stay float32.",
+    )
+
+
+def _translator(args):
+    """The translator that ``mt translate`` and ``mt evaluate`` decode with (``mt.decode.inference``)."""
+    from mt.decode.inference import DecodingOptions, open_translator
+
+    return open_translator(args.model, DecodingOptions.from_args(args))
+
+
+def _add_translate(sub) -> None:
+    p = sub.add_parser(
+        "translate",
+        help="translate text, one line in, one line out",
+        description="Translate stdin (or -i) to stdout (or -o), one output line per input line, in order. "
+        "Input lines longer than the model's maximum positions are truncated, with a warning. "
+        "With --n-best K, each input gives K lines 'INDEX ||| TRANSLATION ||| SCORE' (Moses n-best format).",
+    )
+    _add_decoding_options(p)
+    p.add_argument("-i", "--input", help="input file (default: stdin; a prompt when stdin is a terminal)")
+    p.add_argument("-o", "--output", help="output file, written atomically (default: stdout)")
+    p.add_argument("--n-best", type=int, default=1, help="hypotheses per input (<= beam)")
+    p.add_argument("--scores", action="store_true", help="append a tab and the hypothesis score")
+    p.add_argument(
+        "--prefix-file",
+        help="the start of each translation, one line per input line (empty = none): the search "
+        "continues from it, and the output starts with it as given",
+    )
+
+
+def _prefix_errors(translations, prefix_file: str | None):
+    """The translations, with a prefix file that does not fit the input named in the error."""
+    try:
+        yield from translations
+    except ValueError as e:
+        if prefix_file is None:
+            raise
+        raise MTError(f"--prefix-file {prefix_file}: {e}") from None
+
+
+def _run_translate(args) -> None:
+    import contextlib
+
+    from mt.textio import atomic_output, utf8_lines
+
+    translator, _ = _translator(args)
+    if args.input is None and sys.stdin.isatty():
+        _interactive(translator)
+        return
+    with contextlib.ExitStack() as stack:
+        if args.input:
+            try:
+                source = stack.enter_context(open(args.input, "rb"))
+            except OSError as e:
+                raise MTError(f"{args.input}: {e.strerror}") from None
+        else:
+            source = sys.stdin.buffer
+        lines = utf8_lines(source, args.input or "<stdin>")
+        prefixes = None
+        if args.prefix_file:
+            try:
+                prefixes = utf8_lines(stack.enter_context(open(args.prefix_file, "rb")), args.prefix_file)
+            except OSError as e:
+                raise MTError(f"--prefix-file {args.prefix_file}: {e.strerror}") from None
+        out = stack.enter_context(atomic_output(args.output)) if args.output else sys.stdout
+        translations = translator.stream(lines, chunk=1000, n_best=args.n_best, prefixes=prefixes)
+        for n, nbest in enumerate(_prefix_errors(translations, args.prefix_file)):
+            for text, score in nbest:
+                if args.n_best > 1:
+                    out.write(f"{n} ||| {text} ||| {score:.4f}\n")
+                else:
+                    out.write(f"{text}\t{score:.4f}\n" if args.scores else text + "\n")
+            if out is sys.stdout and n % 100 == 99:
+                out.flush()
+
+
+def _interactive(translator) -> None:
+    print("Type a sentence and press Enter to translate it; Ctrl-D to quit.", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print(file=sys.stderr)
+            return
+        print(translator.translate([line])[0])
+
+
+def _add_evaluate(sub) -> None:
+    p = sub.add_parser("evaluate", help="translate a test set and report sacreBLEU BLEU and chrF")
+    _add_decoding_options(p)
+    p.add_argument("--split", help="a split of the run's corpus, e.g. test_2016_flickr")
+    p.add_argument("--src", help="source file (instead of --split)")
+    p.add_argument("--ref", help="reference file (with --src)")
+    p.add_argument("--paper", action="store_true", help="add Multi30k papers' BLEU (lowercased, Moses-tokenized)")
+    p.add_argument("--paper-ref", help="tokenized reference file for --paper (default: the corpus's tok/ file)")
+    p.add_argument("--json", action="store_true", help="print the scores as JSON")
+
+
+def _run_evaluate(args) -> None:
+    from mt.evaluate.scoring import run
+
+    translator, _ = _translator(args)
+    run(args, translator)
+
+
+def _add_attention(sub) -> None:
+    p = sub.add_parser(
+        "attention",
+        help="draw a trained model's attention for a sentence",
+        description="Translate SRC greedily (or force-decode --tgt), capture every layer's attention "
+        "weights and draw them as heatmaps. Cross-attention: target tokens as rows, source tokens as "
+        "columns. --temperature T divides the scaled scores by T: T > 1 flattens the weights, T < 1 "
+        "sharpens them. --explain instead walks through one head step by step (Q, K, V, scores, "
+        "scaling, mask, softmax, weights·V, W_O) on the model's real weights and checks every step "
+        "against the model's own forward pass.",
+    )
+    p.add_argument("--model", required=True, help="run directory")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--src", help="source sentence")
+    src.add_argument("--src-file", help="file of source sentences: one image per line (OUT-<n>.png)")
+    p.add_argument("--tgt", help="target sentence to force-decode (default: the model's greedy translation)")
+    p.add_argument("--kind", choices=["cross", "encoder", "decoder", "all"], default="cross")
+    p.add_argument("--layer", default="all", help="layer index or 'all' (default all; --explain: 0)")
+    p.add_argument("--head", default="all", help="head index, 'all' or 'mean' (default all; --explain: 0)")
+    p.add_argument(
+        "--out",
+        help="image file: .png, .svg or .pdf; with --explain the flow of one head: .png, .svg, or .html "
+        "(a page where hovering a cell shows its value and the cells it came from)",
+    )
+    p.add_argument("--stats", action="store_true", help="print per-head statistics (entropy, max, ...)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        nargs="+",
+        default=[1.0],
+        metavar="T",
+        help="attention temperature (default 1); with --explain several, compared side by side",
+    )
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="one head step by step, each step checked against the model (with --kind, --layer, --head, --query)",
+    )
+    p.add_argument("--query", type=int, default=0, help="--explain: the query position to follow (default 0)")
+    p.add_argument("--npz", help="--explain: save the head's inputs, weights and mask for NumPy (FILE.npz)")
+    p.add_argument("--align", action="store_true", help="print source-target piece alignments (Pharaoh i-j)")
+    p.add_argument("--align-layer", type=int, help="decoder layer for --align (default: second to last)")
+    p.add_argument("--html", help="also write a self-contained HTML page to browse all maps")
+
+
+def _add_serve(sub) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve translation and attention over HTTP, with a web page",
+        description="Serve the model: a page at /, the API under /v1 (docs at /docs), /healthz. Requests that "
+        "arrive together are decoded together, and continuously: sentences join a beam search under way and are "
+        "answered when finished (up to --max-batch at once per worker process). "
+        "SIGINT or SIGTERM stops it gracefully. Needs the serve extra: pip install -e '.[serve]'.",
+    )
+    _add_decoding_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--max-batch", type=int, default=64, help="most sentences a worker decodes together (default 64)")
+    p.add_argument(
+        "--max-wait-ms",
+        type=float,
+        default=10.0,
+        help="an idle worker waits this long for the sentences sent together to arrive; one "
+        "under way lets a sentence join after at most 5x this (default 10)",
+    )
+    p.add_argument("--max-lines", type=int, default=64, help="most sentences per request (default 64)")
+    p.add_argument(
+        "--max-chars",
+        type=int,
+        default=1000,
+        help="most characters per sentence (default 1000); a body larger than these two limits could need "
+        "is refused (413) unread",
+    )
+
+
+def _run_serve(args) -> None:
+    try:
+        from mt.serve.app import run
+    except ImportError as e:
+        raise MTError(f"mt serve needs the serve extra ({e.name} is missing): pip install -e '.[serve]'") from None
+    run(args)
+
+
+def _run_attention(args) -> None:
+    from mt.inspect.command import run
+
+    run(args)
+
+
+def _add_export(sub) -> None:
+    from mt.export.ct2 import QUANTIZATIONS
+
+    p = sub.add_parser(
+        "export",
+        help="export a trained model to CTranslate2",
+        description="Write a CTranslate2 model directory (the weights, the sentencepiece model(s) and a README "
+        "saying how to run it), then translate a few sentences greedily with both engines and report whether "
+        "they agree. Needs the export extra: pip install -e '.[export]'.",
+    )
+    p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory to export")
+    p.add_argument("--to", required=True, choices=["ct2"], help="the format: ct2 (CTranslate2)")
+    p.add_argument("out", help="output directory (written as OUT.partial, renamed when complete)")
+    p.add_argument(
+        "--quantization",
+        default="none",
+        choices=QUANTIZATIONS,
+        help="the weights' type in the export (default none: float32, exact); int8 also shrinks the file 4x",
+    )
+    p.add_argument("--force", action="store_true", help="replace OUT if it is an earlier CTranslate2 export")
+
+
+def _run_export(args) -> None:
+    from mt.export.ct2 import export_ct2
+
+    check = export_ct2(Path(args.model), Path(args.out), args.quantization, args.force)
+    print(f"exported {args.model} to {args.out} (CTranslate2, quantization {args.quantization})")
+    expected = (
+        "float32 weights: they should all be" if args.quantization == "none" else "quantized weights: some may differ"
+    )
+    print(f"check: {check['same']} of {check['sentences']} greedy translations the same as mt's ({expected})")
+    if check["first_difference"]:
+        source, ours, theirs = check["first_difference"]
+        print(f"  first difference, {source!r}:\n    mt:          {ours}\n    CTranslate2: {theirs}")
+
+
+COMMANDS = {
+    "prepare": (_add_prepare, _run_prepare),
+    "train": (_add_train, _run_train),
+    "average": (_add_average, _run_average),
+    "translate": (_add_translate, _run_translate),
+    "evaluate": (_add_evaluate, _run_evaluate),
+    "attention": (_add_attention, _run_attention),
+    "serve": (_add_serve, _run_serve),
+    "export": (_add_export, _run_export),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mt", description="Train, run and inspect Transformer translation models.")
+    parser.add_argument("--version", action="version", version=f"mt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for add, _ in COMMANDS.values():
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        COMMANDS[args.command][1](args)
+    except MTError as e:
+        print(f"mt {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # stdout closed early, as by `mt translate ... | head`
+        # Python flushes stdout once more at exit; point it at /dev/null so that fails quietly too
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 128 + signal.SIGPIPE
+    except OSError as e:  # what the machine refused: a full disk, a file that vanished, ...
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"mt {args.command}: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except Stopped as e:
+        print(f"mt {args.command}: {e}", file=sys.stderr)
+        return e.status
+    except KeyboardInterrupt:
+        if argv is None:  # a program on its way out: a second Ctrl-C must not interrupt the exit
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+        print(f"mt {args.command}: interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

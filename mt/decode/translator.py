@@ -1,0 +1,208 @@
+"""``Translator``: lines of text in, their translations out, in batches, in order.
+
+Used by ``mt translate`` and ``mt evaluate`` (through ``open_translator`` in
+``mt.decode.inference``), by training's validation and by the service's
+decoding processes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from itertools import zip_longest
+from typing import TypeVar
+
+import torch
+
+from mt.config import DECODING
+from mt.data.tokenizer import Tokenizer, pad_batch
+from mt.decode.ensemble import Ensemble
+from mt.decode.search import SearchSettings, beam_search, greedy_search
+from mt.model.transformer import Transformer
+
+T, R = TypeVar("T"), TypeVar("R")
+
+
+def decoding_workers(workers: int | None, device: torch.device) -> int:
+    """How many batches to decode at once: ``workers``, or when None, 2 on
+    a CPU with two or more threads and 1 elsewhere. On a CPU one batch's
+    Python and small operations then run while the other's matrix products
+    do, where a 64-row product gains little from a second thread
+    (docs/performance.md); on a GPU the batches would only queue on one stream."""
+    if workers is not None:
+        return workers
+    return 2 if device.type == "cpu" and torch.get_num_threads() >= 2 else 1
+
+
+def map_in_threads(fn: Callable[[T], R], items: list[T], workers: int) -> list[R]:
+    """``[fn(x) for x in items]``, up to ``workers`` at a time, each worker
+    thread with an equal share of PyTorch's intra-op threads. The count is
+    process-wide while it runs (one caller at a time) and restored after."""
+    workers = min(workers, len(items))
+    if workers <= 1:
+        return [fn(x) for x in items]
+    threads = torch.get_num_threads()
+    # each worker sets its own count: a thread's OpenMP setting is its own
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="mt-decode", initializer=torch.set_num_threads,
+                              initargs=(max(1, threads // workers),))  # fmt: skip
+    try:
+        return list(pool.map(fn, items))
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)  # an error or Ctrl-C: no new item starts
+        torch.set_num_threads(threads)
+
+
+class LineTranslator:
+    """What every translator offers on top of its ``translate_nbest``: a stream of
+    lines of any length translated in chunks, in order."""
+
+    def translate_nbest(
+        self, lines: list[str], first_line: int = 1, n_best: int = 1, prefixes: list[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        raise NotImplementedError
+
+    def stream(
+        self, lines: Iterable[str], chunk: int = 1000, n_best: int = 1, prefixes: Iterable[str] | None = None
+    ) -> Iterator[list[tuple[str, float]]]:
+        """Per input line, in order, its n-best (translation, score); reads
+        ``chunk`` lines at a time so memory stays flat on any input size.
+        ``prefixes``: one per line ('' for none), the start of its translation."""
+        pairs = zip_longest(lines, prefixes, fillvalue=None) if prefixes is not None else ((x, "") for x in lines)
+        buffer: list[tuple[str, str]] = []
+        first = 1
+        for n, pair in enumerate(pairs, 1):
+            if pair[0] is None:
+                raise ValueError(f"more prefixes than input lines ({n - 1})")
+            if pair[1] is None:
+                raise ValueError(f"fewer prefixes than input lines: none for line {n}")
+            buffer.append(pair)
+            if len(buffer) == chunk:
+                yield from self._run(buffer, first, n_best)
+                first += len(buffer)
+                buffer = []
+        if buffer:
+            yield from self._run(buffer, first, n_best)
+
+    def _run(self, pairs: list[tuple[str, str]], first: int, n_best: int) -> list[list[tuple[str, float]]]:
+        lines, prefixes = zip(*pairs)
+        return self.translate_nbest(list(lines), first, n_best, list(prefixes) if any(prefixes) else None)
+
+
+class Translator(LineTranslator):
+    """Translates lines in batches, keeping their order. Long inputs are
+    truncated to the model's maximum positions, with a warning. ``workers``
+    batches are decoded at once (``decoding_workers``; None = auto; see
+    ``map_in_threads``). Not for use from several threads at once: it sets
+    the intra-op thread count (process-wide) while it decodes."""
+
+    def __init__(
+        self,
+        model: Transformer | Ensemble,
+        tok: Tokenizer,
+        beam: int = DECODING.beam,
+        alpha: float = DECODING.alpha,
+        batch_size: int = DECODING.batch_size,
+        max_len_a: float = DECODING.max_len_a,
+        max_len_b: int = DECODING.max_len_b,
+        warn=None,
+        workers: int | None = None,
+    ):
+        self.model, self.tok = model, tok
+        self.beam, self.alpha, self.batch_size = beam, alpha, batch_size
+        self.settings = SearchSettings(tok.bos_id, tok.eos_id, tok.pad_id, max_len_a, max_len_b)
+        self.device = next(model.parameters()).device
+        self.warn = warn or (lambda msg: None)
+        self.workers = decoding_workers(workers, self.device)
+        if self.workers < 1:
+            raise ValueError(f"workers must be at least 1, got {self.workers}")
+
+    @property
+    def dtype_name(self) -> str:
+        """The type decoding computes in, for reports: float32, bfloat16, int8 (``mt.decode.int8``)."""
+        if getattr(self.model, "int8", False):
+            return "int8"
+        return str(next(self.model.parameters()).dtype).removeprefix("torch.")
+
+    def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
+        ids = self.tok.encode_src(lines)
+        limit = self.model.cfg.max_positions
+        for n, x in enumerate(ids):
+            if len(x) > limit:
+                self.warn(f"line {first_line + n}: {len(x) - 1} subword tokens, truncated to {limit - 1}")
+                ids[n] = x[: limit - 1] + [self.tok.eos_id]
+        return ids
+
+    def translate_ids(
+        self, ids: list[list[int]], n_best: int = 1, prefixes: list[list[int]] | None = None
+    ) -> list[list[tuple[list[int], float]]]:
+        """Token ids in, per input its n-best (ids, score) out, in input order.
+        ``prefixes[i]``: target ids that input i's translations start with (see ``encode_prefixes``)."""
+        results: list = [[([], 0.0)] * n_best if not x else None for x in ids]
+        order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))  # empty lines: empty output
+        batches = [order[start : start + self.batch_size] for start in range(0, len(order), self.batch_size)]
+
+        def decode(batch: list[int]) -> list[list[tuple[list[int], float]]]:
+            src = pad_batch([ids[i] for i in batch], self.tok.pad_id).to(self.device)
+            fixed = [prefixes[i] for i in batch] if prefixes else None
+            if self.beam == 1 and n_best == 1:
+                hyps = greedy_search(self.model, src, self.settings, self.alpha, fixed)
+                return [[(h.tokens, h.score)] for h in hyps]
+            hyps = beam_search(self.model, src, self.settings, self.beam, self.alpha, n_best, fixed)
+            return [[(h.tokens, h.score) for h in nbest] for nbest in hyps]
+
+        for batch, out in zip(batches, map_in_threads(decode, batches, self.workers)):
+            for i, nbest in zip(batch, out):
+                results[i] = nbest
+        return results
+
+    def encode_prefixes(self, prefixes: list[str], first_line: int = 1) -> list[list[int]]:
+        """Target-side prefixes (the start of each translation, '' for none) as ids.
+        A prefix is whole pieces: one that ends inside a word continues from
+        that word's pieces as the tokenizer cuts the prefix alone."""
+        ids = self.tok.encode_tgt(prefixes)
+        room = self.model.cfg.max_positions - 2  # bos, and one token after the prefix
+        for n, x in enumerate(ids):
+            if len(x) > room:
+                raise ValueError(f"prefix {first_line + n}: {len(x)} subword tokens, more than the model's {room}")
+        return ids
+
+    def translate(self, lines: list[str], first_line: int = 1, prefixes: list[str] | None = None) -> list[str]:
+        return [nbest[0][0] for nbest in self.translate_nbest(lines, first_line, 1, prefixes)]
+
+    def translate_nbest(
+        self, lines: list[str], first_line: int = 1, n_best: int = 1, prefixes: list[str] | None = None
+    ) -> list[list[tuple[str, float]]]:
+        """Per line its n-best (translation, score); a translation with a prefix starts with it as given."""
+        fixed = self.encode_prefixes(prefixes, first_line) if prefixes else None
+        hyps = self.translate_ids(self.encode(lines, first_line), n_best, fixed)
+        texts = iter(self.tok.decode_tgt([ids for nbest in hyps for ids, _ in nbest]))
+        out = [[(next(texts), score) for _, score in nbest] for nbest in hyps]
+        if prefixes:
+            for n, given in enumerate(prefixes):
+                if fixed[n]:
+                    out[n] = self.texts(hyps[n], given, fixed[n])
+        return out
+
+    def texts(
+        self, nbest: list[tuple[list[int], float]], prefix: str = "", prefix_ids: list[int] | None = None
+    ) -> list[tuple[str, float]]:
+        """One input's n-best (ids, score) as (text, score); with a prefix, each text starts with it as given."""
+        if prefix_ids:
+            return [(keep_prefix(prefix, ids, prefix_ids, self.tok), score) for ids, score in nbest]
+        return list(zip(self.tok.decode_tgt([ids for ids, _ in nbest]), (score for _, score in nbest)))
+
+
+def keep_prefix(given: str, ids: list[int], prefix_ids: list[int], tok: Tokenizer) -> str:
+    """The translation ``ids`` (which start with ``prefix_ids``) as text that starts with
+    the prefix as the person typed it, trailing spaces aside: the tokenizer's round trip
+    of the prefix (its normalisation; lowercasing for paper-style text) gives way to it."""
+    given = given.rstrip()
+    text, decoded = tok.decode_tgt([ids, prefix_ids])
+    if text.startswith(decoded):
+        return given + text[len(decoded) :]
+    # the detokenizer joined across the prefix's end: put the continuation after it by its pieces
+    rest = ids[len(prefix_ids) :]
+    if not rest:
+        return given
+    space = " " if tok.tgt_pieces(rest[:1])[0].startswith("▁") else ""
+    return given + space + tok.decode_tgt([rest])[0]
