@@ -39,7 +39,7 @@ cfg = ModelConfig(d_model=128, n_heads=4, enc_layers=4, dec_layers=4, d_ff=256, 
 plain = Transformer(cfg).cuda().eval()
 fast = speed_up(copy.deepcopy(plain))
 src = torch.randint(4, 8000, (64, 20), device="cuda")
-s = SearchSettings(bos_id=2, eos_id=3, pad_id=0, max_len_a=0.0, max_len_b=20, min_len=20)
+s = SearchSettings(bos_id=2, eos_id=3, pad_id=0, max_len_a=0.0, max_len_b=20)
 with torch.no_grad():
     a, b = plain.encode(src).memory, fast.encode(src).memory
     print("encoder max |fast - plain|:", float((a - b).abs().max()))

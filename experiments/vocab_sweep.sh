@@ -6,7 +6,7 @@
 #   bash experiments/vocab_sweep.sh [MINUTES] [SIZE ...]      (default: 10 minutes; 4000 8000 16000)
 #
 # VOCAB_SWEEP_OVERRIDES adds config overrides to every training, e.g.
-# VOCAB_SWEEP_OVERRIDES="train.lr=0.002" for the sweep in docs/results.md, made before
+# VOCAB_SWEEP_OVERRIDES="train.lr=0.002" for the sweep in docs/results/README.md, made before
 # the recipe's peak learning rate went up.
 set -euo pipefail
 cd "$(dirname "$0")/.."

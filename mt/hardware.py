@@ -42,7 +42,7 @@ def cpuinfo(field: str) -> str:
 
 
 #: The CPU multiplies and adds int8 in one instruction (AVX512-VNNI or AVX-VNNI):
-#: there int8 products run 1.4-3.6x as fast as float32 ones at decoding shapes (mt/decode/int8.py)
+#: there every linear layer decodes faster in int8 (mt/decode/int8.py)
 VNNI = bool(set(cpuinfo("flags").split()) & {"avx512_vnni", "avx_vnni"})
 
 

@@ -83,6 +83,25 @@ def timed(fn, data: list[list[int]], batch: int, workers: int = 1) -> float:
     return len(data) / (time.perf_counter() - start)
 
 
+class FixedLength(torch.nn.Module):
+    """``model`` whose EOS cannot come before the ``OUT_LEN``-th token, so that every
+    output is ``OUT_LEN`` tokens long (with ``max_len_b=OUT_LEN``): the same work for
+    every engine, as HF's ``min_new_tokens`` and CTranslate2's ``min_decoding_length``."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.cfg = model, model.cfg
+
+    def encode(self, src):
+        return self.model.encode(src)
+
+    def decode(self, tgt, enc, cache):
+        out = self.model.decode(tgt, enc, cache)
+        if cache.length + tgt.size(1) < OUT_LEN:  # the token this step picks is not the last
+            out.logits[..., EOS] = float("-inf")
+        return out
+
+
 def record_products(fn, batches: list) -> list[list[tuple]]:
     """Runs ``fn`` over ``batches`` once and returns, per batch, every matrix
     product it ran through ``mt.decode.fastpath.linear`` (weight, bias, input shape,
@@ -202,9 +221,11 @@ def main() -> None:
             (hf_dir / name).write_bytes(spm_model.read_bytes())
         ctranslate2.converters.TransformersConverter(str(hf_dir)).convert(str(ct2_dir), force=True)
         names = dict(enumerate(pieces))
-        s = SearchSettings(BOS, EOS, PAD, max_len_a=0.0, max_len_b=OUT_LEN, min_len=OUT_LEN)
+        s = SearchSettings(BOS, EOS, PAD, max_len_a=0.0, max_len_b=OUT_LEN)
 
         def run_mt(model):
+            model = FixedLength(model)
+
             def go(batch, beam):
                 src = padded(batch)
                 return greedy_search(model, src, s) if beam == 1 else beam_search(model, src, s, beam=beam)

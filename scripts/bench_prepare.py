@@ -23,7 +23,7 @@ lengths and a realistic vocabulary.
 
 Corpora, prepared data and runs go under --work (default data/bench/), and a
 corpus once generated is reused. A benchmark, not a test: results in
-docs/results.md ("Corpora of millions of pairs").
+docs/results/README.md ("Corpora of millions of pairs").
 """
 
 from __future__ import annotations

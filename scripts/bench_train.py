@@ -20,11 +20,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from mt.config import ModelConfig
-from mt.decode.fastpath import speed_up
 from mt.hardware import BF16_USABLE, bf16_speedup, matmul_peak
 from mt.model.layers import sinusoidal_table
 from mt.model.transformer import Transformer
 from mt.train.loss import linear_cross_entropy
+from mt.train.speed import for_training
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -90,7 +90,7 @@ def model_flops(cfg: ModelConfig, src: torch.Tensor, tgt: torch.Tensor) -> float
 
 def run(kind: str, cfg: ModelConfig, data, bf16: bool) -> float:
     torch.manual_seed(0)
-    model = speed_up(Transformer(cfg)) if kind == "mt" else TorchTransformer(cfg)  # mt: as mt train builds it
+    model = for_training(Transformer(cfg)) if kind == "mt" else TorchTransformer(cfg)  # mt: as mt train builds it
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 

@@ -26,7 +26,7 @@ if sys.argv[1] == "search":
                       src_vocab_size=8000, tgt_vocab_size=8000)
     model = Transformer(cfg).eval()
     src = torch.randint(4, 8000, (64, 12))
-    s = SearchSettings(bos_id=1, eos_id=2, pad_id=0, max_len_a=0.0, max_len_b=12, min_len=12)
+    s = SearchSettings(bos_id=1, eos_id=2, pad_id=0, max_len_a=0.0, max_len_b=12)
     beam_search(model, src, s, beam=5)
     faults = []
     for _ in range(3):

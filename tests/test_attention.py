@@ -163,7 +163,7 @@ def test_fast_path_projects_self_attention_in_one_product():
     with torch.no_grad():
         stacked = mha(x, x, mask)
         step = mha(x[:, -1:], x[:, -1:], None, past=KV(separate.kv.k[:, :, :3], separate.kv.v[:, :, :3]))
-        assert mha.w_qkv.weight is not None and mha.w_qkv.weight.shape == (48, 16)
+        assert mha.w_qkv.made.value is not None and mha.w_qkv.made.value[0].shape == (48, 16)
         torch.testing.assert_close(stacked.output, separate.output, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(stacked.kv.k, separate.kv.k, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(stacked.kv.v, separate.kv.v, rtol=1e-5, atol=1e-5)

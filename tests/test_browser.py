@@ -2,7 +2,7 @@
 hover and click, and the explorer's link from a heatmap cell to its head's steps.
 
 Needs the playwright package and a Chromium on the PATH (Debian: apt-get install chromium);
-skipped without them, unless MT_REQUIRE_BROWSER=1 (CI sets it) makes that a failure."""
+skipped without them, unless MT_REQUIRE_EXTRAS=1 (CI sets it) makes that a failure."""
 
 import os
 import re
@@ -22,8 +22,8 @@ def _browser_or_skip():
     if chromium and sync_playwright:
         return chromium, sync_playwright
     missing = "chromium" if not chromium else "the playwright package"
-    if os.environ.get("MT_REQUIRE_BROWSER") == "1":
-        pytest.fail(f"MT_REQUIRE_BROWSER=1 but {missing} is missing")
+    if os.environ.get("MT_REQUIRE_EXTRAS") == "1":
+        pytest.fail(f"MT_REQUIRE_EXTRAS=1 but {missing} is missing")
     pytest.skip(f"{missing} is missing")
 
 

@@ -2,12 +2,19 @@
 a target as mt does), translations agree, and the commands use an export."""
 
 import json
+import os
+import re
 
 import numpy as np
 import pytest
 import torch
 
-ctranslate2 = pytest.importorskip("ctranslate2", reason="the export extra: pip install -e '.[export]'")
+try:
+    import ctranslate2
+except ImportError:
+    if os.environ.get("MT_REQUIRE_EXTRAS") == "1":  # CI: the dev extras are installed, so this must run
+        raise
+    pytest.skip("the export extra: pip install -e '.[export]'", allow_module_level=True)
 
 from conftest import mt_cmd, run_command  # noqa: E402
 
@@ -129,12 +136,14 @@ def test_export_command_and_the_commands_that_decode_an_export(toy_run, exported
     target = tmp_path / "again"
     assert main(["export", "--model", str(toy_run), "--to", "ct2", str(target), "--quantization", "int8"]) == 0
     printed = capsys.readouterr().out
-    assert "greedy translations the same as mt's" in printed
+    same, total = map(int, re.search(r"check: (\d+) of (\d+) greedy translations the same as mt's", printed).groups())
+    assert total == 6 and same >= 5  # int8 weights: a translation may change
     assert json.loads((target / "mt_export.json").read_text())["quantization"] == "int8"
     assert main(["export", "--model", str(toy_run), "--to", "ct2", str(target)]) == 1
     err = capsys.readouterr().err
     assert "already exists" in err and "--force" in err
     assert main(["export", "--model", str(toy_run), "--to", "ct2", str(target), "--force"]) == 0
+    assert "check: 6 of 6 greedy translations the same as mt's" in capsys.readouterr().out  # float32: exact
     assert json.loads((target / "mt_export.json").read_text())["quantization"] == "none"
     (tmp_path / "mine").mkdir()
     assert main(["export", "--model", str(toy_run), "--to", "ct2", str(tmp_path / "mine"), "--force"]) == 1

@@ -32,8 +32,8 @@ def test_small_weights_take_f_linear_where_so_configured(monkeypatch):
     with torch.no_grad():
         for layer in (small, large):
             torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-    assert small.packed.tensor is None  # never packed for oneDNN
-    assert (large.packed.tensor is not None) == lin.ONEDNN
+    assert small.packed.made.value is None  # never packed for oneDNN
+    assert (large.packed.made.value is not None) == lin.ONEDNN
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -68,8 +68,8 @@ def test_packed_weight_follows_weight_changes():
         half = layer.to(torch.bfloat16)
         torch.testing.assert_close(half(x.bfloat16()).float(), F.linear(x, layer.weight.float()), rtol=0.1, atol=0.1)
     clone = copy.deepcopy(layer)  # copies and pickles start with an empty pack
-    assert clone.packed.tensor is None
-    assert pickle.loads(pickle.dumps(layer)).packed.tensor is None
+    assert clone.packed.made.value is None
+    assert pickle.loads(pickle.dumps(layer)).packed.made.value is None
 
 
 def test_stacked_weight_equals_its_parts_and_follows_them():
@@ -83,8 +83,8 @@ def test_stacked_weight_equals_its_parts_and_follows_them():
             parts[1].weight.add_(1.0)  # in place: the next call must restack
         assert not torch.allclose(stacked(x, parts)[:, 8:12], expected[:, 8:12])
         torch.testing.assert_close(stacked(x, parts)[:, 8:12], parts[1](x), rtol=1e-5, atol=1e-5)
-    assert copy.deepcopy(stacked).weight is None
-    assert pickle.loads(pickle.dumps(stacked)).weight is None
+    assert copy.deepcopy(stacked).made.value is None
+    assert pickle.loads(pickle.dumps(stacked)).made.value is None
 
 
 def test_weights_made_under_inference_mode_are_never_cached_stale():
@@ -118,7 +118,7 @@ def test_bfloat16_takes_f_linear_where_onednn_has_no_bfloat16(monkeypatch):
     x, layer = torch.randn(4, 16, dtype=torch.bfloat16), Linear(16, 8).to(torch.bfloat16).eval()
     with torch.no_grad():
         torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias))
-    assert layer.packed.tensor is None  # nothing was packed for oneDNN
+    assert layer.packed.made.value is None  # nothing was packed for oneDNN
     assert hardware.matmul_peak(torch.bfloat16, n=64, reps=1) > 0
 
 
@@ -178,7 +178,7 @@ def test_training_runs_the_textbook_model_and_validates_on_a_fast_copy(tmp_path)
     cfg = Config(model=ModelConfig(d_model=32, n_heads=4, enc_layers=1, dec_layers=1, d_ff=64, src_vocab_size=40,
                                    tgt_vocab_size=40, pad_id=0), train=TrainConfig(run_dir=str(tmp_path)))  # fmt: skip
     module = TranslationModule(cfg, Tok())
-    fast_classes = tuple(lin._FAST.values())
+    fast_classes = lin.FAST_CLASSES
     assert not any(isinstance(m, fast_classes) for m in module.model.modules())
     assert {type(m) for m in module.model.modules()} >= {RandDropout, TrainingAttention}
     module.on_validation_epoch_start()
@@ -298,7 +298,7 @@ def test_a_decoder_step_on_the_fast_path_is_the_layers_own_forward_bit_for_bit(v
     layer's own forward on the same module: from a source cache with no positions yet, with
     rows that joined later (a start mask), and with beams grouped against their source."""
     from mt.model.layers import DecoderLayer, LayerCache
-    from mt.model.masks import lengths_mask, start_mask
+    from mt.model.masks import lengths_mask
 
     _, fast = _model_pair(dropout=0.0, **variant)
     fast.eval()
@@ -315,7 +315,7 @@ def test_a_decoder_step_on_the_fast_path_is_the_layers_own_forward_bit_for_bit(v
         cache = {"fast": None, "plain": None}
         for step in range(4):
             x = torch.randn(n * g, 1, 32)
-            self_mask = start_mask(pad, step + 1)
+            self_mask = ~lengths_mask(pad, step + 1)  # each row from its own first slot on
             outs = {}
             for name, forward in (("fast", layer.forward), ("plain", lambda *a: DecoderLayer.forward(layer, *a))):
                 past = cache[name] or LayerCache(None, layer.cross_attn.project_kv(memory))

@@ -98,8 +98,9 @@ def test_bench_decode_records_every_product_of_a_search_and_replays_them():
     torch.manual_seed(0)
     cfg = ModelConfig(d_model=32, n_heads=4, enc_layers=2, dec_layers=3, d_ff=64, dropout=0.0,
                       src_vocab_size=50, tgt_vocab_size=50, pad_id=0)  # fmt: skip
-    model = speed_up(Transformer(cfg)).eval()
-    s = SearchSettings(2, 3, 0, max_len_a=0.0, max_len_b=6, min_len=6)  # exactly 6 steps
+    fast = speed_up(Transformer(cfg)).eval()
+    s = SearchSettings(2, 3, 0, max_len_a=0.0, max_len_b=bench.OUT_LEN)
+    model = bench.FixedLength(fast)  # every output OUT_LEN tokens long
     batches = [torch.randint(4, 50, (3, 5)), torch.randint(4, 50, (2, 7))]
     before = [greedy_search(model, b, s) for b in batches]
     original = mt.decode.fastpath.linear
@@ -110,8 +111,9 @@ def test_bench_decode_records_every_product_of_a_search_and_replays_them():
     # encoder: stacked q/k/v, output, two FFN products per layer; decoder: the source's
     # keys and values once per layer, then per step and layer stacked q/k/v, output,
     # cross-attention query and output, two FFN products, and the output projection
-    per_batch = 2 * 4 + 3 * 2 + 6 * (3 * 6 + 1)
+    per_batch = 2 * 4 + 3 * 2 + bench.OUT_LEN * (3 * 6 + 1)
+    assert all(len(h.tokens) == bench.OUT_LEN - 1 for o in outputs for h in o)  # then the EOS
     assert [len(calls) for calls in recorded] == [per_batch, per_batch]
     assert recorded[1][0][2] == (2, 7, 32)  # the encoder's first product: all source rows
-    assert recorded[0][-1][0] is model.output_weight and recorded[0][-1][2] == (3, 1, 32)
+    assert recorded[0][-1][0] is fast.output_weight and recorded[0][-1][2] == (3, 1, 32)
     assert bench.replay_products(recorded) > 0

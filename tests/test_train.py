@@ -18,6 +18,8 @@ from mt.cli.main import main
 from mt.config import load_config
 from mt.data.batches import TokenBatchSampler, TranslationDataModule
 from mt.decode.fastpath import speed_up
+from mt.decode.inference import load
+from mt.decode.translator import Translator
 from mt.model.transformer import Transformer
 from mt.train.checkpoints import average_checkpoints, step_checkpoints, validation_loss
 from mt.train.lit import inverse_sqrt
@@ -288,7 +290,12 @@ def test_ddp_two_processes_on_cpu(toy_data, tmp_path):
     steps_ddp = int(metrics(tmp_path / "ddp")[-1]["step"])
     steps_one = int(metrics(tmp_path / "one")[-1]["step"])
     assert steps_ddp == steps_one // 2  # each rank trains on its half of the epoch's batches
-    assert (tmp_path / "ddp" / "model.safetensors").exists()
+    # the model it wrote is the checkpoint's, and it loads and translates
+    model, tok, _ = load(tmp_path / "ddp")
+    ckpt = torch.load(tmp_path / "ddp" / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
+    weights = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()}
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    assert all(Translator(model, tok, beam=1).translate(["the big dog sees a red bird"]))
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,9 @@ def _run_average(args) -> None:
     print(f"inference model written: {export_from_checkpoints(cfg, run_dir, args.last, val)}")
 
 
-def _add_decoding_options(p) -> None:
+def _add_decoding_options(p, serve: bool = False) -> None:
+    """The options of every command that decodes; ``serve``: mt serve's, whose batches are
+    made by its continuous search (no --batch-size) and whose workers are processes."""
     p.add_argument(
         "--model",
         required=True,
@@ -94,7 +96,10 @@ def _add_decoding_options(p) -> None:
     p.add_argument(
         "--alpha", type=float, default=d.alpha, help=f"length penalty: score / length**alpha (default {d.alpha})"
     )
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"sentences per batch (default {d.batch_size})")
+    if not serve:
+        p.add_argument(
+            "--batch-size", type=int, default=d.batch_size, help=f"sentences per batch (default {d.batch_size})"
+        )
     p.add_argument(
         "--max-len-a",
         type=float,
@@ -107,7 +112,10 @@ def _add_decoding_options(p) -> None:
         "--workers",
         type=int,
         default=None,
-        help="batches decoded at once, each in its own thread with a share of the CPU threads, so that one "
+        help="decoding processes, each running a search that sentences join and leave, with a share of the CPU "
+        "threads (default: 2 on a CPU with two or more threads; 1 on a GPU)"
+        if serve
+        else "batches decoded at once, each in its own thread with a share of the CPU threads, so that one "
         "batch's Python overlaps the other's products (default: 2 on a CPU with two or more threads; 1 on a GPU)",
     )
     p.add_argument(
@@ -278,7 +286,7 @@ def _add_serve(sub) -> None:
         "answered when finished (up to --max-batch at once per worker process). "
         "SIGINT or SIGTERM stops it gracefully. Needs the serve extra: pip install -e '.[serve]'.",
     )
-    _add_decoding_options(p)
+    _add_decoding_options(p, serve=True)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--max-batch", type=int, default=64, help="most sentences a worker decodes together (default 64)")
@@ -330,7 +338,8 @@ def _add_export(sub) -> None:
         "--quantization",
         default="none",
         choices=QUANTIZATIONS,
-        help="the weights' type in the export (default none: float32, exact); int8 also shrinks the file 4x",
+        help="the weights' type in the export (default none: float32, exact); int8 also makes the file a quarter "
+        "of the size",
     )
     p.add_argument("--force", action="store_true", help="replace OUT if it is an earlier CTranslate2 export")
 

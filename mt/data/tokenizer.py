@@ -33,9 +33,9 @@ TEXT_MODES = ("raw", "paper")
 
 
 #: Lists shorter than this are encoded and decoded line by line: sentencepiece
-#: hands a list to a thread pool made for the call, ~0.1 ms even for one line
-#: (20x the line itself), and on a busy machine its threads wait for a core.
-#: A service tokenizes a few lines per request.
+#: hands a list to a thread pool made for the call, which costs more than a
+#: short line itself, and on a busy machine its threads wait for a core. A
+#: service tokenizes a few lines per request (docs/performance.md).
 SHORT_LIST = 64
 
 

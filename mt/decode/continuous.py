@@ -109,7 +109,7 @@ class ContinuousBeamSearch:
         dec = self.model.decode(self.tokens[:, -1:], self.enc, self.cache)
         at_limit = (self.limits <= self.steps + 1).repeat_interleave(beam)
         forced = self._forced()
-        logp = step_log_probs(dec.logits[:, -1], s, self.steps.repeat_interleave(beam), at_limit, forced)
+        logp = step_log_probs(dec.logits[:, -1], s, at_limit, forced)
         step = beam_step(logp, self.scores, beam, s.eos_id)
         if step.finished:
             steps = self.steps.tolist()
@@ -118,8 +118,7 @@ class ContinuousBeamSearch:
                 if len(hyps) < beam:
                     tokens = self.tokens[row, int(self.start[row]) + 1 :].tolist()
                     hyps.append(Hypothesis(tokens, lp / float(steps[i] + 1) ** self.sentences[i].alpha, lp))
-        # done: `beam` hypotheses finished, or at the length limit (which forces eos: only
-        # a search that cannot end, such as one with `min_len` above the limit, ends with fewer)
+        # done: `beam` hypotheses finished, or at the length limit (which forces eos)
         at_end = (self.steps + 1 >= self.limits).tolist()
         done = [len(h) >= beam or end for h, end in zip(self.finished, at_end)]
         out = [

@@ -18,7 +18,7 @@ textbook modules (``mt.train.speed`` has the two tricks training uses).
   per mask for all the layers that share it, where the textbook path
   derives a fill from the mask again in every layer (same values). Its
   softmax over rows shorter than a vector register (16 floats) runs over
-  the transposed scores, where PyTorch's CPU kernel is 2-3x faster.
+  the transposed scores, where PyTorch's CPU kernel is faster.
 * Beams that share a source attend to one copy of its keys and values, their
   query rows side by side, where the textbook path repeats the keys for each.
 * The decoder's key/value cache grows in place (room for more positions)
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mt.hardware import ONEDNN, ONEDNN_BF16
-from mt.model.attention import KV, MultiHeadAttention, fused_attention
+from mt.model.attention import KV, MultiHeadAttention, fused_attention, keyless_rows_see_all
 from mt.model.layers import DecoderLayer, DecoderLayerOutput, FeedForward, LayerCache, Sublayer
 from mt.model.transformer import Transformer
 
@@ -54,9 +54,8 @@ lean_decoder_step = True  #: set to False to measure or rule out ``FastDecoderLa
 
 #: Weights of at most this many entries take ``F.linear`` even where oneDNN
 #: applies: oneDNN's fixed cost per call outweighs its faster kernel for small
-#: weights. The largest weight that ``F.linear`` multiplied as fast as oneDNN
-#: at 8-320 rows: 256 x 256 on AVX2-only CPUs, 384 x 128 on AVX-512 ones
-#: (docs/performance.md).
+#: weights. The threshold is the largest weight that ``F.linear`` multiplies as
+#: fast as oneDNN at decoding's row counts, per kind of CPU (docs/performance.md).
 SMALL_WEIGHT = (65536 if torch.backends.cpu.get_cpu_capability() == "AVX2" else 49152) if ONEDNN else 0
 
 
@@ -83,70 +82,69 @@ def _version_key(tensors: list[Tensor]) -> tuple | None:
     return tuple(key)
 
 
-# Remaking a packed or stacked weight happens under this lock: decoding
-# threads (mt.decode.translator.Translator's workers) share one model, and its first
-# batches would otherwise race to make them. Once made, reads take no lock.
+# Remaking a packed, stacked or int8 weight happens under this lock: decoding
+# threads (mt.decode.translator.Translator's workers) share one model, and its
+# first batches would otherwise race to make them. Once made, reads take no lock.
 _REMAKE = threading.Lock()
 
 
-class PackedWeight:
-    """A weight reordered once into oneDNN's blocked layout, remade whenever
-    the weight changes (new storage, dtype or an in-place update). Not part
-    of any state dict; copies and pickles start empty."""
+class MadeFrom:
+    """A value made from some tensors (a packed, stacked or int8 copy of weights),
+    kept until they change: new storage, dtype, shape or an in-place update. Not
+    part of any state dict; copies and pickles start empty."""
 
     def __init__(self) -> None:
         self.key: tuple | None = None
-        self.tensor: Tensor | None = None
+        self.value = None
 
-    def get(self, weight: Tensor, rows: int) -> Tensor:
-        key = _version_key([weight])
+    def get(self, tensors: list[Tensor], make):
+        """The value made from ``tensors``: the kept one while they are unchanged, else
+        ``make()``'s, kept. None where nothing may be kept: inference tensors keep no
+        version counter, so a change to them could not be seen."""
+        key = _version_key(tensors)
         if key is None:
-            return weight
+            return None
         if key != self.key:
             with _REMAKE:
                 if key != self.key:
-                    self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
-                    self.key = key  # after the tensor: a reader that sees the key finds its tensor
-        return self.tensor
+                    self.value = make()
+                    self.key = key  # after the value: a reader that sees the key finds its value
+        return self.value
 
-    def __deepcopy__(self, memo) -> PackedWeight:
-        return PackedWeight()
+    def __deepcopy__(self, memo) -> MadeFrom:
+        return MadeFrom()
 
     def __getstate__(self) -> dict:
-        return {"key": None, "tensor": None}
+        return {"key": None, "value": None}
+
+
+class PackedWeight:
+    """A weight reordered once into oneDNN's blocked layout (``MadeFrom`` it)."""
+
+    def __init__(self) -> None:
+        self.made = MadeFrom()
+
+    def get(self, weight: Tensor, rows: int) -> Tensor:
+        packed = self.made.get([weight], lambda: torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows))
+        return weight if packed is None else packed
 
 
 class StackedWeight:
     """The weights and biases of several linear maps of the same input,
     stacked into one (sum of D_out, D_in) matrix so that one product does the
-    work of several (self-attention's queries, keys and values). Remade
-    whenever a part changes, like ``PackedWeight``, and packed alongside.
-    Not part of any state dict; copies and pickles start empty."""
+    work of several (self-attention's queries, keys and values); ``MadeFrom``
+    the parts, and packed alongside."""
 
     def __init__(self) -> None:
-        self.key: tuple | None = None
-        self.weight: Tensor | None = None
-        self.bias: Tensor | None = None
+        self.made = MadeFrom()
         self.packed = PackedWeight()
 
     def __call__(self, x: Tensor, parts: list[nn.Linear]) -> Tensor:
         """x: (..., D_in) -> (..., sum of the parts' D_out), the parts' outputs side by side."""
-        key = _version_key([t for p in parts for t in (p.weight, p.bias) if t is not None])
-        if key is None:  # inference tensors: restacked at every call, nothing kept
-            weight, bias = _stack(parts)
-            return linear(x, weight, bias)
-        if key != self.key:
-            with _REMAKE:
-                if key != self.key:
-                    self.weight, self.bias = _stack(parts)
-                    self.key = key
-        return linear(x, self.weight, self.bias, packed=self.packed)
-
-    def __deepcopy__(self, memo) -> StackedWeight:
-        return StackedWeight()
-
-    def __getstate__(self) -> dict:
-        return StackedWeight().__dict__
+        stacked = self.made.get([t for p in parts for t in (p.weight, p.bias) if t is not None], lambda: _stack(parts))
+        if stacked is None:  # inference tensors: restacked at every call, nothing kept
+            return linear(x, *_stack(parts))
+        return linear(x, *stacked, packed=self.packed)
 
 
 def _stack(parts: list[nn.Linear]) -> tuple[Tensor, Tensor | None]:
@@ -314,8 +312,8 @@ def mask_bias(mask: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor | None]:
     for seen, seen_dtype, bias, has_key in _BIASES.recent:
         if seen is mask and seen_dtype == dtype:
             return bias, has_key
-    has_key = mask.any(dim=-1, keepdim=True)
-    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~(mask | ~has_key), float("-inf"))
+    allowed, has_key = keyless_rows_see_all(mask)
+    bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~allowed, float("-inf"))
     found = (mask, dtype, bias, None if bool(has_key.all()) else has_key)
     _BIASES.recent = [found, *_BIASES.recent[:3]]
     return found[2:]
@@ -424,7 +422,7 @@ def top_k(x: Tensor, k: int) -> tuple[Tensor, Tensor]:
 
 
 def arg_max(x: Tensor) -> tuple[Tensor, Tensor]:
-    """``x.max(dim=1)`` (values, first index of the maximum) by blocks, as ``top_k``: 3x faster on CPU."""
+    """``x.max(dim=1)`` (values, first index of the maximum) by blocks, as ``top_k``."""
     n, m = x.shape
     blocks = m // _BLOCK
     if x.device.type != "cpu" or blocks < 4 or blocks * _BLOCK != m:
@@ -508,7 +506,7 @@ _FAST = {
     MultiHeadAttention: FastMultiHeadAttention,
     Transformer: FastTransformer,
 }
-_FAST_CLASSES = tuple(_FAST.values())
+FAST_CLASSES = tuple(_FAST.values())  #: the classes ``speed_up`` gives modules
 M = TypeVar("M", bound=nn.Module)
 
 
@@ -520,7 +518,7 @@ def speed_up(model: M) -> M:
     of a textbook class (``mt.train.speed``'s) becomes the fast version of that class.
     For decoding: the modules then run without gradients."""
     for module in model.modules():
-        if isinstance(module, _FAST_CLASSES):
+        if isinstance(module, FAST_CLASSES):
             continue
         # the first textbook class of the module's own (training's subclasses take the fast one too)
         fast = next((_FAST[c] for c in type(module).__mro__ if c in _FAST), None)

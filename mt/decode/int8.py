@@ -4,16 +4,14 @@ Each weight is quantized per output row (one scale per row, its largest
 magnitude mapped to 127) from the float32 weight the first time it is used,
 and again if it changes: nothing is stored, no second model file. Each call's
 inputs are quantized on the fly (one scale per call) by PyTorch's dynamic
-int8 linear. Which products go int8 depends on the CPU (measured in
-docs/results.md, "Export to CTranslate2" and "int8 on a CPU with VNNI"):
+int8 linear. Which products go int8 depends on the CPU, where each is
+faster than float32 (docs/performance.md, "int8 on a CPU"):
 
 * with VNNI (an int8 multiply-add in one instruction: AVX512-VNNI or
   AVX-VNNI), every product with a weight: the linear layers, the fast
-  path's stacked Q/K/V product and the output projection, 1.4-3.6x float32
-  at decoding shapes;
-* without VNNI, the output projection alone, the one product int8 speeds up
-  there (1.6-1.8x); the layers' products gain at most 1.25x and lose up to
-  1.8x at greedy batch sizes.
+  path's stacked Q/K/V product and the output projection;
+* without VNNI, the output projection alone: the layers' products gain
+  little there and lose at greedy batch sizes.
 
 The attention core (Q·Kᵀ, softmax, weights·V), the norms and the search
 stay float32. One scale per call for the inputs means that a sentence's
@@ -31,13 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mt.decode.fastpath import FastTransformer, StackedWeight
+from mt.decode.fastpath import FastTransformer, MadeFrom, StackedWeight
 from mt.hardware import VNNI
 from mt.model.transformer import Transformer
 
 # PyTorch's x86 engine takes fbgemm's kernels, the faster at the layers' shapes;
-# oneDNN's are 3-5x faster than fbgemm's for a beam's (320, 8000) output
-# projection on a VNNI CPU, where fbgemm's is no faster than float32.
+# oneDNN's are the faster for the output projection on a VNNI CPU, where
+# fbgemm's is no faster than float32 (docs/performance.md).
 LAYER_ENGINE = "x86"
 OUTPUT_ENGINE = "onednn" if VNNI else "x86"
 # Without VNNI, products of int8 pairs are summed in 16 bits first: activations
@@ -55,10 +53,6 @@ def quantize_rows(weight: Tensor) -> tuple[Tensor, Tensor]:
     return (weight / scales[:, None]).round().clamp(-127, 127).to(torch.int8), scales
 
 
-def _version(t: Tensor) -> int | None:
-    return None if t.is_inference() else t._version  # inference tensors keep no version counter
-
-
 def _prepack(weights: list[Tensor], biases: list[Tensor | None], engine: str):
     weight = torch.cat([w.detach().float() for w in weights])
     bias = None
@@ -70,38 +64,33 @@ def _prepack(weights: list[Tensor], biases: list[Tensor | None], engine: str):
         warnings.simplefilter("ignore")
         zero = torch.zeros(int8.size(0), dtype=torch.long)
         q = torch._make_per_channel_quantized_tensor(int8, scales.double(), zero, 0)
-        previous = torch.backends.quantized.engine
-        torch.backends.quantized.engine = engine  # the packed weight keeps its engine's kernels
-        try:
-            return torch.ops.quantized.linear_prepack(q, bias)
-        finally:
-            torch.backends.quantized.engine = previous
+        with _PACKING:
+            previous = torch.backends.quantized.engine
+            torch.backends.quantized.engine = engine  # the packed weight keeps its engine's kernels
+            try:
+                return torch.ops.quantized.linear_prepack(q, bias)
+            finally:
+                torch.backends.quantized.engine = previous
 
 
 class Int8Product:
     """x (..., D_in) -> x Wᵀ + b (..., D_out), W and b the weights and biases it is
-    called with, one above the other, W in int8. The int8 copy is made on the first
-    call and again whenever those tensors change; copies and pickles start without
-    one (mt serve's decoding processes make their own)."""
+    called with, one above the other, W in int8: a copy ``MadeFrom`` them (made on
+    the first call and again whenever they change; mt serve's decoding processes
+    make their own)."""
 
     def __init__(self, engine: str):
         self.engine = engine
-        self._key: tuple | None = None
-        self._packed = None
+        self.made = MadeFrom()
 
     def __call__(self, x: Tensor, weights: list[Tensor], biases: list[Tensor | None]) -> Tensor:
-        key = tuple((t.data_ptr(), _version(t)) for t in (*weights, *biases) if t is not None)
-        if key != self._key:
-            with _PACKING:
-                if key != self._key:
-                    self._packed = _prepack(weights, biases, self.engine)
-                    self._key = key  # after the weight: a reader that sees the key finds its weight
+        tensors = [t for t in (*weights, *biases) if t is not None]
+        packed = self.made.get(tensors, lambda: _prepack(weights, biases, self.engine))
+        if packed is None:  # inference tensors: made at every call, nothing kept
+            packed = _prepack(weights, biases, self.engine)
         flat = x.reshape(-1, x.size(-1)).float().contiguous()
-        y = torch.ops.quantized.linear_dynamic(flat, self._packed, REDUCE_RANGE)
+        y = torch.ops.quantized.linear_dynamic(flat, packed, REDUCE_RANGE)
         return y.view(*x.shape[:-1], y.size(-1))
-
-    def __getstate__(self) -> dict:
-        return {"engine": self.engine, "_key": None, "_packed": None}
 
 
 class Int8Linear(nn.Linear):

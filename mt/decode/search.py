@@ -36,7 +36,6 @@ class SearchSettings:
     pad_id: int
     max_len_a: float = DECODING.max_len_a
     max_len_b: int = DECODING.max_len_b
-    min_len: int = 1  #: fewest tokens to generate, eos included (benchmarks force a fixed length)
 
 
 def max_lengths(src: Tensor, s: SearchSettings, max_positions: int, prefix: Tensor | None = None) -> Tensor:
@@ -49,12 +48,9 @@ def max_lengths(src: Tensor, s: SearchSettings, max_positions: int, prefix: Tens
     return limit.clamp(1, max_positions - 1)  # bos takes a position too
 
 
-def step_log_probs(
-    logits: Tensor, s: SearchSettings, step: int | Tensor, force_eos: Tensor, forced: Tensor | None = None
-) -> Tensor:
-    """logits: (N, V) -> log-probabilities (N, V) that never pick pad or bos,
-    nor eos before ``s.min_len`` tokens, and only eos in rows where ``force_eos`` (N,) is set.
-    ``step``: tokens generated so far, for all rows or per row (N,).
+def step_log_probs(logits: Tensor, s: SearchSettings, force_eos: Tensor, forced: Tensor | None = None) -> Tensor:
+    """logits: (N, V) -> log-probabilities (N, V) that never pick pad or bos, and only
+    eos in rows where ``force_eos`` (N,) is set (at their length limit).
     ``forced`` (N,): a token id that row must take (a prefix), or -1."""
     logits = logits.float()
     # in place where possible: (rows, vocabulary) temporaries are a step's largest
@@ -62,11 +58,6 @@ def step_log_probs(
     logp = torch.log_softmax(logits, dim=-1, out=logits if logits.is_contiguous() else None)
     logp[:, s.pad_id] = float("-inf")
     logp[:, s.bos_id] = float("-inf")
-    if isinstance(step, Tensor):
-        if s.min_len > 1:
-            logp[step + 1 < s.min_len, s.eos_id] = float("-inf")
-    elif step + 1 < s.min_len:
-        logp[:, s.eos_id] = float("-inf")
     if force_eos.any():
         eos_col = logp[:, s.eos_id].clone()
         logp[force_eos] = float("-inf")
@@ -155,7 +146,7 @@ def greedy_search(
     cache = DecoderCache()
     for step in range(n_steps):
         dec = model.decode(tokens, enc, cache)
-        logp = step_log_probs(dec.logits[:, -1], s, step, limits[sentence] <= step + 1, _forced(prefix, sentence, step))
+        logp = step_log_probs(dec.logits[:, -1], s, limits[sentence] <= step + 1, _forced(prefix, sentence, step))
         best, tok = arg_max(logp)  # (N,)
         rows = sentence[live]
         out[rows, step] = tok[live]
@@ -223,7 +214,7 @@ def beam_search(
         at_limit = (limits[sentence] <= step + 1).repeat_interleave(width)
         forced = _forced(prefix, sentence, step)
         forced = forced.repeat_interleave(width) if forced is not None else None
-        logp = step_log_probs(dec.logits[:, -1], s, step, at_limit, forced)
+        logp = step_log_probs(dec.logits[:, -1], s, at_limit, forced)
         step_out = beam_step(logp, scores, beam, s.eos_id)
         done = torch.zeros(n, dtype=torch.bool, device=dev)
         if step_out.finished:

@@ -18,6 +18,8 @@ from mt.model.masks import causal_mask
 from mt.model.transformer import DecoderCache, Transformer
 
 KINDS = ("encoder", "decoder", "cross")
+#: what each kind of attention is called in titles and texts
+KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
 @dataclass

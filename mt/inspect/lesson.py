@@ -35,6 +35,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from mt.data.tokenizer import Tokenizer
+from mt.inspect.capture import KIND_NAMES
 from mt.model.attention import MultiHeadAttention
 from mt.model.transformer import Transformer
 from mt.textio import atomic_output
@@ -309,9 +310,6 @@ def _array(a: np.ndarray, indent: str = "   ") -> str:
 def _row(labels: list[str], values: np.ndarray, width: int = 9) -> str:
     cells = [f"{label[:width]:>{width}}" for label in labels], [f"{v:>{width}.4f}" for v in values]
     return "   " + " ".join(cells[0]) + "\n   " + " ".join(cells[1])
-
-
-KIND_NAMES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
 def format_lesson(lesson: HeadSteps, query: int, source: list[str], target: list[str] | None) -> str:

@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from mt.inspect.capture import KIND_NAMES  # noqa: E402
 from mt.textio import atomic_output  # noqa: E402
 
 CELL = 0.17  # inches per token: 40-token axes stay legible at 7 pt
@@ -167,7 +168,7 @@ def flow_html(lesson, query: int, path: str | Path) -> None:
     """One head's steps as a self-contained page (``mt.inspect.lesson.HeadSteps``): hovering
     a cell shows its value and outlines the cells it came from."""
     s = lesson.steps
-    title = f"{KIND_TITLES[lesson.kind]}, layer {lesson.layer}, head {lesson.head}"
+    title = f"{KIND_NAMES[lesson.kind]}, layer {lesson.layer}, head {lesson.head}"
     head = {
         "title": title, "rows": lesson.rows, "cols": lesson.cols, "dk": lesson.d_k,
         "temperature": lesson.temperature, "mask": lesson.mask.astype(int).tolist(),
@@ -325,14 +326,11 @@ def flow_figure(lesson, query: int, max_tokens: int = 20) -> plt.Figure:
     )
     fig.text(xs[2] / width, (y1 + h1) / height, note, ha="left", va="top", fontsize=8.5, linespacing=1.4)
     title = (
-        f"{KIND_TITLES[lesson.kind]}, layer {lesson.layer}, head {lesson.head}: "
+        f"{KIND_NAMES[lesson.kind]}, layer {lesson.layer}, head {lesson.head}: "
         f"d_k = {d_k}, temperature T = {lesson.temperature:g}"
     )
     fig.suptitle(title, fontsize=11, y=1 - 0.25 / height)
     return fig
-
-
-KIND_TITLES = {"encoder": "encoder self-attention", "decoder": "decoder self-attention", "cross": "cross-attention"}
 
 
 def _cut_labels(labels: list[str], start: int, end: int) -> list[str]:

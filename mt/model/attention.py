@@ -53,11 +53,9 @@ def scaled_dot_product_attention(
     if mask is None:
         weights = torch.softmax(scores, dim=-1)  # stable: subtracts each row's maximum first
     else:
-        # A row with nothing to attend to would be softmax(all -inf) = NaN.
-        # Let such rows see every key (any finite value would do) and zero them after.
-        has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
-        scores = scores.masked_fill(~(mask | ~has_key), float("-inf"))
-        weights = torch.softmax(scores, dim=-1) * has_key
+        mask, has_key = keyless_rows_see_all(mask)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        weights = torch.softmax(scores, dim=-1) * has_key  # keyless rows zeroed
     dropped = F.dropout(weights, dropout) if dropout else weights
     return dropped @ v, weights  # (..., T_q, d_v), (..., T_q, T_k)
 
@@ -188,8 +186,17 @@ class MultiHeadAttention(nn.Module):
 
     def use_fused(self, device: torch.device) -> bool:
         """The fused kernel where it is faster: on CUDA. On CPU, at translation
-        lengths, the explicit path measured faster (docs/performance.md)."""
+        lengths, the explicit path is the faster (docs/performance.md)."""
         return self.impl == "fused" or (self.impl == "auto" and device.type == "cuda")
+
+
+def keyless_rows_see_all(mask: Tensor) -> tuple[Tensor, Tensor]:
+    """The rule for a query row with nothing to attend to, which would be softmax(all
+    -inf) = NaN: it sees every key (any finite values would do) and is zeroed after.
+    mask (..., T_q, T_k) -> the mask to apply, and ``has_key`` (..., T_q, 1) to multiply
+    the weights or outputs by. Every attention path of mt follows it through here."""
+    has_key = mask.any(dim=-1, keepdim=True)  # (..., T_q, 1)
+    return mask | ~has_key, has_key
 
 
 def fused_attention(
@@ -199,8 +206,7 @@ def fused_attention(
     with the same rule for a query row that has no key: zeros."""
     has_key = None
     if mask is not None:
-        has_key = mask.any(dim=-1, keepdim=True)
-        mask = mask | ~has_key
+        mask, has_key = keyless_rows_see_all(mask)
     scale = 1.0 / (math.sqrt(q.size(-1)) * temperature)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scale)
     return out if has_key is None else out * has_key

@@ -23,16 +23,6 @@ def lengths_mask(lengths: Tensor, max_len: int) -> Tensor:
     return (positions[None, :] < lengths[:, None])[:, None, None, :]
 
 
-def start_mask(start: Tensor, t_k: int) -> Tensor:
-    """Keys from each row's own first slot on. start: (B,) -> mask (B, 1, 1, T_k).
-
-    A decoder cache whose rows began at different steps (sentences that
-    joined a search under way, ``mt.decode.continuous``) leaves the slots before a
-    row's start unused."""
-    positions = torch.arange(t_k, device=start.device)  # (T_k,)
-    return (positions[None, :] >= start[:, None])[:, None, None, :]
-
-
 def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | None = None) -> Tensor:
     """Each query sees keys at its own position and before. -> mask (1, 1, T_q, T_k).
 

@@ -153,7 +153,7 @@ class JsonBodies:
 
     Plain ASGI rather than ``@app.middleware("http")``: Starlette's version of
     that runs each request in a task group and streams its response through a
-    queue: a third of the server's CPU per request under load (docs/results.md)."""
+    queue: a third of the server's CPU per request under load (docs/results/README.md)."""
 
     def __init__(self, app, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes

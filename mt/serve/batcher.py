@@ -5,15 +5,14 @@ Each of ``workers`` processes runs a continuous beam search per beam size
 boundary and is answered as soon as it is finished, so the batch stays
 full while sentences keep coming. Processes rather than threads: a step of
 a small model spends much of its time in Python, and decoding threads of
-one process wait for each other's turn at the interpreter lock (two threads
-measured 1.2x one, two processes 1.8x; docs/results.md, "mt serve under
-load"). The server's process keeps the event loop, the tokenizer and the
-texts; a worker gets token ids and sends back token ids.
+one process wait for each other's turn at the interpreter lock
+(docs/serving.md). The server's process keeps the event loop, the tokenizer
+and the texts; a worker gets token ids and sends back token ids.
 
 A worker lets waiting sentences into a search under way once they are a
 quarter of the search's count, or the first has waited
 ``JOIN_WAITS * max_wait``: each join runs the encoder and copies the whole
-cache, so joining every step took a third of a worker's time. An idle worker waits up to
+cache, so joins are rationed rather than made at every step. An idle worker waits up to
 ``max_wait`` from the first arrival, so that sentences sent together start
 together. Each sentence goes to the worker with the fewest outstanding.
 """
@@ -96,7 +95,8 @@ class Batcher:
 
     @property
     def joins(self) -> int:
-        """How many times the workers let waiting sentences into their searches (for the tests)."""
+        """How many times the workers let waiting sentences into their searches: what tells
+        continuous batching (sentences joining a search under way) from a batch at a time."""
         return sum(w.joins for w in self.workers)
 
     def start(self) -> None:

@@ -5,11 +5,11 @@ for subclasses that compute the same thing faster on a CPU (parameters and
 state dict unchanged, as ``mt.decode.fastpath.speed_up`` does for decoding):
 
 * dropout draws its mask with ``torch.rand`` (inverted dropout, as
-  ``nn.Dropout``), about twice as fast on a CPU as the Bernoulli sampler
+  ``nn.Dropout``), faster on a CPU than the Bernoulli sampler
   that ``F.dropout`` uses;
 * attention's softmax over rows of fewer than 16 keys runs over the
   transposed scores (``mt.decode.fastpath.softmax``), where PyTorch's CPU
-  kernel is 2-3x faster; the values are the same to float rounding.
+  kernel is faster; the values are the same to float rounding.
 
 The textbook modules (``mt.model``) know nothing of either.
 """
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mt.decode.fastpath import softmax
-from mt.model.attention import MultiHeadAttention
+from mt.model.attention import MultiHeadAttention, keyless_rows_see_all
 
 
 class RandDropout(nn.Dropout):
@@ -48,8 +48,8 @@ class TrainingAttention(MultiHeadAttention):
         if mask is None:
             weights = softmax(scores)
         else:
-            has_key = mask.any(dim=-1, keepdim=True)  # a row without a key: zeros
-            weights = softmax(scores.masked_fill(~(mask | ~has_key), float("-inf"))) * has_key
+            mask, has_key = keyless_rows_see_all(mask)
+            weights = softmax(scores.masked_fill(~mask, float("-inf"))) * has_key
         return (F.dropout(weights, dropout) if dropout else weights) @ v, None
 
 
