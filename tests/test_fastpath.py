@@ -184,6 +184,7 @@ def test_training_runs_the_textbook_model_and_validates_on_a_fast_copy(tmp_path)
     module.on_validation_epoch_start()
     copy_ = module._decoder
     assert isinstance(copy_, lin.FastTransformer) and not copy_.training
+    assert all(k.startswith("model.") for k in module.state_dict())  # the copy is in no checkpoint
     assert all(torch.equal(a, b) for a, b in zip(copy_.state_dict().values(), module.model.state_dict().values()))
     assert not any(isinstance(m, fast_classes) for m in module.model.modules())
 

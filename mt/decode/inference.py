@@ -27,6 +27,8 @@ from safetensors.torch import load_model, save_model
 
 from mt.config import DECODING, ConfigError, ModelConfig
 from mt.data.tokenizer import Tokenizer
+from mt.decode.allocator import keep_freed_memory
+from mt.decode.ct2 import CT2Translator, is_ct2_dir
 from mt.decode.ensemble import Ensemble
 from mt.decode.fastpath import speed_up
 from mt.decode.translator import Translator
@@ -191,9 +193,6 @@ def open_translator(models: list[str | Path], options: DecodingOptions, warn=war
     """A translator for run directories (several: an ensemble) or a CTranslate2 export,
     decoding as ``options`` say, and the (first) model's metadata. ``warn`` receives
     what the user should know (a slow dtype on this CPU, truncated lines)."""
-    from mt.decode.allocator import keep_freed_memory
-    from mt.decode.ct2 import CT2Translator, is_ct2_dir
-
     options.check()
     keep_freed_memory()  # a process that decodes: reuse freed memory (mt/decode/allocator.py)
     o = options

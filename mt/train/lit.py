@@ -105,7 +105,9 @@ class TranslationModule(L.LightningModule):
         # validation runs as mt translate would: on the fast path, of this step's weights
         # (copied as ordinary tensors, which the fast path's packed weights can be keyed on)
         with torch.inference_mode(False):
-            self._decoder = speed_up(copy.deepcopy(self.model)).eval()
+            decoder = speed_up(copy.deepcopy(self.model)).eval()
+        # held outside the module tree: not a submodule, so never in a checkpoint's state dict
+        object.__setattr__(self, "_decoder", decoder)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         nll, n_tokens = token_loss(self._decoder, batch, 0.0)
