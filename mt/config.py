@@ -230,6 +230,12 @@ class DecodingDefaults:
     max_len_a: float = 1.5  #: at most a * source_len + b output tokens
     max_len_b: int = 10
     dtype: str = "auto"
+    #: the largest beam (and n-best) any command takes: a search holds beam x batch rows
+    #: of keys and values for every layer, and beyond ~10 a wider beam rarely scores better
+    max_beam: int = 32
+    #: the largest length penalty: at 10 a hypothesis one token longer already gains more
+    #: than any likely difference in log-probability, so larger values only say "longest"
+    max_alpha: float = 10.0
 
 
 DECODING = DecodingDefaults()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator
@@ -15,12 +16,15 @@ from mt.errors import DataError
 
 
 def utf8_lines(stream: Iterable[bytes], name: str) -> Iterator[str]:
-    """Decode byte lines one by one; invalid UTF-8 raises DataError naming ``name:line``."""
+    """Decode byte lines one by one, a leading byte-order mark dropped; invalid UTF-8
+    raises DataError naming ``name:line``."""
     for n, raw in enumerate(stream, start=1):
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
             raise DataError(f"{name}:{n}: invalid UTF-8 ({e.reason} at byte {e.start})") from None
+        if n == 1:  # a byte-order mark (files saved on Windows) is no part of the first line
+            text = text.removeprefix("\ufeff")
         yield text.rstrip("\n").rstrip("\r")
 
 
@@ -112,3 +116,46 @@ def _direct(path: Path, binary: bool) -> Iterator[IO]:
         raise DataError(f"{path}: cannot write ({e.strerror})") from None
     with f:
         yield f
+
+
+PARTIAL_MARK = ".mt-partial"  # in a directory mt is writing: it may remove it
+
+
+def begin_directory(out: Path, marker: str, how: str) -> Path:
+    """Start writing the directory ``out`` anew: returns ``out.partial``, made empty with
+    ``PARTIAL_MARK`` in it, to fill and then ``finish_directory``. mt replaces only what
+    it wrote: ``out`` may be absent, empty, or hold ``marker`` (the file the writer
+    leaves in every directory it writes); ``out.partial`` may be absent, empty, or hold
+    ``PARTIAL_MARK`` (an interrupted earlier run). Anything else is a ``DataError`` that
+    names it; ``how`` says what to do instead (another name, --force...)."""
+    out = Path(out)
+    partial = out.with_name(out.name + ".partial")
+    if out.exists() and not _ours(out, marker):
+        raise DataError(f"{out}: exists and was not written by mt (no {marker} in it); it is left as it is: {how}")
+    if partial.exists() and not _ours(partial, PARTIAL_MARK):
+        raise DataError(f"{partial}: exists and was not left by mt (no {PARTIAL_MARK} in it); it is left as it is: "
+                        f"remove it or {how}")  # fmt: skip
+    if partial.exists():
+        shutil.rmtree(partial)
+    partial.mkdir(parents=True)
+    (partial / PARTIAL_MARK).write_text("a directory mt is writing; it replaces this one when complete\n")
+    return partial
+
+
+def finish_directory(partial: Path, out: Path) -> None:
+    """Put the complete ``partial`` in the place of ``out`` (checked by ``begin_directory``)."""
+    (partial / PARTIAL_MARK).unlink()
+    if out.exists():
+        shutil.rmtree(out)
+    partial.rename(out)
+
+
+def abandon_directory(partial: Path) -> None:
+    """Remove an unfinished ``partial`` (an error, Ctrl-C): nothing half-made is left behind."""
+    if (partial / PARTIAL_MARK).exists():
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def _ours(path: Path, marker: str) -> bool:
+    """A directory that is empty or holds ``marker``: mt may replace it."""
+    return path.is_dir() and not path.is_symlink() and ((path / marker).is_file() or not any(path.iterdir()))

@@ -1,11 +1,15 @@
 import contextlib
 import csv
 import gzip
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -151,3 +155,26 @@ def run_command(args: list[str], timeout: float = 1200, check: bool = False, **k
     if check and proc.returncode:
         raise AssertionError(f"{args} exited {proc.returncode}:\n{err}")
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str, timeout: float = 60):
+    """GET url's JSON; an HTTP error status raises (urllib's HTTPError, an OSError)."""
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def post(url: str, body: dict, timeout: float = 600):
+    """POST body as JSON: (status, JSON answer), the answer of a 4xx/5xx included."""
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, json.loads(e.read())

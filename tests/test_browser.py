@@ -99,8 +99,7 @@ def test_the_served_page_translates_completes_and_explores(toy_run, children, pa
     import subprocess
     import urllib.request
 
-    from conftest import mt_cmd, wait_for
-    from test_serve import free_port, get
+    from conftest import free_port, get, mt_cmd, wait_for
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -120,7 +119,8 @@ def test_the_served_page_translates_completes_and_explores(toy_run, children, pa
     page.click("#translate")
     page.wait_for_selector("#explorer table.heatmap")
     shown = page.input_value("#target")
-    req = urllib.request.Request(base + "/v1/translate", json.dumps({"text": SRC}).encode())
+    req = urllib.request.Request(base + "/v1/translate", json.dumps({"text": SRC}).encode(),
+                                 {"Content-Type": "application/json"})  # fmt: skip
     with urllib.request.urlopen(req, timeout=600) as r:
         assert shown == json.loads(r.read())["translations"][0]["text"] != ""
 

@@ -131,13 +131,19 @@ def test_an_option_ctranslate2_cannot_express_is_refused_by_name(toy_run):
         ct2_spec(model, tok)
 
 
-def test_export_command_and_the_commands_that_decode_an_export(toy_run, exported, tmp_path, capsys):
+def test_export_command_and_the_commands_that_decode_an_export(toy_run, exported, tmp_path, capsys, toy_test_lines):
     out, _ = exported
     target = tmp_path / "again"
     assert main(["export", "--model", str(toy_run), "--to", "ct2", str(target), "--quantization", "int8"]) == 0
     printed = capsys.readouterr().out
     same, total = map(int, re.search(r"check: (\d+) of (\d+) greedy translations the same as mt's", printed).groups())
-    assert total == 6 and same >= 5  # int8 weights: a translation may change
+    assert total == 6 and 0 <= same <= 6  # the check's English is noise to the toy model: int8 flips its ties
+    # int8 weights: a translation may change, but on the toy language most stay the same (CTranslate2's
+    # kernels differ by CPU: 84 of 100 on an AVX2 EPYC)
+    model, tok, _ = load(toy_run)
+    ours = Translator(model, tok, beam=1, workers=1).translate(toy_test_lines)
+    theirs = CT2Translator(target, beam=1).translate(toy_test_lines)
+    assert sum(a == b for a, b in zip(ours, theirs)) >= 0.7 * len(toy_test_lines)
     assert json.loads((target / "mt_export.json").read_text())["quantization"] == "int8"
     assert main(["export", "--model", str(toy_run), "--to", "ct2", str(target)]) == 1
     err = capsys.readouterr().err
@@ -145,9 +151,25 @@ def test_export_command_and_the_commands_that_decode_an_export(toy_run, exported
     assert main(["export", "--model", str(toy_run), "--to", "ct2", str(target), "--force"]) == 0
     assert "check: 6 of 6 greedy translations the same as mt's" in capsys.readouterr().out  # float32: exact
     assert json.loads((target / "mt_export.json").read_text())["quantization"] == "none"
-    (tmp_path / "mine").mkdir()
-    assert main(["export", "--model", str(toy_run), "--to", "ct2", str(tmp_path / "mine"), "--force"]) == 1
-    assert "not one of ours" in capsys.readouterr().err  # --force never deletes a directory it did not write
+    mine = tmp_path / "mine"  # a CTranslate2 model of the user's, beside their other files
+    mine.mkdir()
+    (mine / "model.bin").write_bytes(b"theirs")
+    (mine / "notes.txt").write_text("mine")
+    assert main(["export", "--model", str(toy_run), "--to", "ct2", str(mine), "--force"]) == 1
+    err = capsys.readouterr().err  # --force never deletes a directory it did not write
+    assert f"{mine}: exists and was not written by mt (no mt_export.json in it)" in err
+    assert sorted(p.name for p in mine.iterdir()) == ["model.bin", "notes.txt"]
+    partial = tmp_path / "fresh.partial"  # a directory of the user's that has the name export writes into
+    partial.mkdir()
+    (partial / "notes.txt").write_text("mine")
+    assert main(["export", "--model", str(toy_run), "--to", "ct2", str(tmp_path / "fresh")]) == 1
+    assert f"{partial}: exists and was not left by mt" in capsys.readouterr().err
+    assert (partial / "notes.txt").read_text() == "mine" and not (tmp_path / "fresh").exists()
+    (partial / "notes.txt").unlink()  # empty: nothing to lose, so it may be reused
+    assert main(["export", "--model", str(toy_run), "--to", "ct2", str(tmp_path / "fresh")]) == 0
+    assert "check: 6 of 6" in capsys.readouterr().out
+    assert (tmp_path / "fresh" / "model.bin").exists() and not partial.exists()
+    assert not (tmp_path / "fresh" / ".mt-partial").exists()
 
     src = tmp_path / "in.txt"
     src.write_text("\n".join(SENTENCES) + "\n")

@@ -273,3 +273,123 @@ def test_a_missing_validation_split_is_named_by_prepare_and_train(data_cfg, tmp_
     args = ["train", "--config", str(TOY), "data.source=local", "data.src_lang=en", "data.tgt_lang=de", *overrides]
     assert main([*args, f"train.run_dir={tmp_path / 'run'}"]) == 1
     assert not (tmp_path / "run").exists()
+
+
+# ---- mt never deletes what it did not write; bounds on the search; edges of the CLI
+
+
+def test_prepare_replaces_only_a_directory_it_wrote(data_cfg, tmp_path, capsys):
+    """data.prepared_dir naming the user's directory: refused, and nothing in it touched."""
+    import dataclasses
+
+    theirs = tmp_path / "thesis"
+    theirs.mkdir()
+    (theirs / "paper.tex").write_text("years of work")
+    cfg = dataclasses.replace(data_cfg, prepared_dir=str(theirs))
+    with pytest.raises(DataError, match=r"thesis: exists and was not written by mt \(no prepare.json in it\)"):
+        prepare(cfg, verbose=False)
+    assert [p.name for p in theirs.iterdir()] == ["paper.tex"]
+    assert not (tmp_path / "thesis.partial").exists()
+
+    partial = tmp_path / "prepared.partial"  # the user's, with the name prepare writes into
+    partial.mkdir()
+    (partial / "keep.txt").write_text("mine")
+    with pytest.raises(DataError, match=r"prepared.partial: exists and was not left by mt"):
+        prepare(data_cfg, verbose=False)
+    assert (partial / "keep.txt").read_text() == "mine" and not (tmp_path / "prepared").exists()
+
+    (partial / "keep.txt").unlink()
+    (partial / ".mt-partial").write_text("")  # as an interrupted run leaves it
+    (partial / "half.arrow").write_text("")
+    prepare(data_cfg, verbose=False)
+    out = tmp_path / "prepared"
+    assert (out / "prepare.json").exists() and not partial.exists() and not (out / ".mt-partial").exists()
+    (out / "prepare.json").write_text("{}")  # ours, but stale: prepared anew, in its place
+    prepare(data_cfg, verbose=False)
+    assert "fingerprint" in (out / "prepare.json").read_text()
+
+    # the command line, as the issue ran it
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "paper.tex").write_text("x")
+    assert main(["prepare", "--config", str(TOY), f"data.prepared_dir={d}"]) == 1
+    err = capsys.readouterr().err
+    assert f"{d}: exists and was not written by mt" in err and "Traceback" not in err
+    assert (d / "paper.tex").read_text() == "x"
+
+
+def test_beam_alpha_and_n_best_are_bounded_before_anything_loads(toy_run, tmp_path, capsys):
+    src = tmp_path / "in.txt"
+    src.write_text("a cat runs\n")
+    for opts, message in (
+        (["--beam", "100000"], "--beam must be between 1 and 32, got 100000"),
+        (["--beam", "33"], "--beam must be between 1 and 32"),
+        (["--alpha", "2000", "--beam", "5"], "--alpha must be between 0 and 10.0, got 2000.0"),
+        (["--alpha", "nan"], "--alpha must be between 0 and 10.0, got nan"),
+        (["--alpha", "-0.5"], "--alpha must be between 0 and 10.0"),
+        (["--n-best", "6"], "--n-best must be between 1 and --beam (5)"),
+    ):
+        assert main(["translate", "--model", str(toy_run), "-i", str(src), *opts]) == 1, opts
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (opts, err)
+    assert main(["translate", "--model", str(toy_run), "-i", str(src), "--beam", "32", "--alpha", "10"]) == 0
+    assert capsys.readouterr().out.strip()
+
+
+def test_evaluate_on_an_empty_test_set_names_the_file(toy_run, tmp_path, capsys):
+    empty = tmp_path / "empty.en"
+    empty.write_text("")
+    ref = tmp_path / "empty.de"
+    ref.write_text("")
+    assert main(["evaluate", "--model", str(toy_run), "--src", str(empty), "--ref", str(ref)]) == 1
+    err = capsys.readouterr().err
+    assert f"{empty}: no lines: an empty test set has no score" in err and "Traceback" not in err
+
+
+def test_the_same_input_gets_the_same_translation_however_it_arrives(toy_run, tmp_path):
+    """A byte-order mark (files saved on Windows) is dropped from the first line, on
+    standard input as from a file; -i - is standard input."""
+    text = "the big dog sees a red bird\na cat runs\n"
+    plain, marked = tmp_path / "plain.txt", tmp_path / "bom.txt"
+    plain.write_text(text, encoding="utf-8")
+    marked.write_bytes(b"\xef\xbb\xbf" + text.encode())
+    base = mt_cmd("translate", "--model", str(toy_run), "--beam", "1")
+    want = run_command([*base, "-i", str(plain)], check=True).stdout
+    assert len(want.splitlines()) == 2 and want.splitlines()[0]
+    for args, given in (
+        (["-i", str(marked)], None),
+        ([], marked.read_bytes().decode()),
+        (["-i", "-"], marked.read_bytes().decode()),
+        (["-i", "-", "-o", "-"], text),
+    ):
+        assert run_command([*base, *args], input=given, check=True).stdout == want, args
+
+
+def test_attention_refuses_what_would_fail_before_it_writes_anything(toy_run, tmp_path, capsys):
+    png = tmp_path / "a.png"
+    for opts, message in (
+        (["--explain", "--temperature", "1e-300"], "--temperature must be between 0.01 and 100, got 1e-300"),
+        (["--explain", "--temperature", "1", "1e300"], "--temperature must be between 0.01 and 100"),
+        (["--out", str(png), "--html", str(tmp_path / "no" / "a.html")], "no/a.html: cannot write, "),
+        (["--explain", "--out", str(tmp_path / "no" / "a.png")], "no/a.png: cannot write, "),
+        (["--explain", "--npz", str(tmp_path / "no" / "a.npz")], "no/a.npz: cannot write, "),
+    ):
+        assert main(["attention", "--model", str(toy_run), "--src", "a cat runs", *opts]) == 1, opts
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, (opts, err)
+        assert not png.exists(), opts  # checked before the image was drawn
+    assert (
+        main(["attention", "--model", str(toy_run), "--src", "a cat runs", "--explain", "--temperature", "0.01"]) == 0
+    )
+
+
+def test_a_broken_run_directory_is_named_for_what_it_is(toy_run, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(toy_run, run)
+    (run / "spm.model").unlink()
+    assert main(["translate", "--model", str(run), "-i", str(run / "model.json")]) == 1
+    err = capsys.readouterr().err
+    assert f"{run / 'spm.model'}: tokenizer model missing" in err and "spm.src.model:" not in err
+    weights = toy_run / "model.safetensors"
+    assert main(["translate", "--model", str(weights), "-i", str(toy_run / "model.json")]) == 1
+    assert f"{weights}: a file, not a model directory" in capsys.readouterr().err

@@ -92,9 +92,14 @@ def _add_decoding_options(p, serve: bool = False) -> None:
         "their probabilities (they must share one tokenizer)",
     )
     d = DECODING
-    p.add_argument("--beam", type=int, default=d.beam, help=f"beam size; 1 = greedy (default {d.beam})")
     p.add_argument(
-        "--alpha", type=float, default=d.alpha, help=f"length penalty: score / length**alpha (default {d.alpha})"
+        "--beam", type=int, default=d.beam, help=f"beam size, 1 to {d.max_beam}; 1 = greedy (default {d.beam})"
+    )
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=d.alpha,
+        help=f"length penalty, 0 to {d.max_alpha:g}: score / length**alpha (default {d.alpha})",
     )
     if not serve:
         p.add_argument(
@@ -146,8 +151,8 @@ def _add_translate(sub) -> None:
         "With --n-best K, each input gives K lines 'INDEX ||| TRANSLATION ||| SCORE' (Moses n-best format).",
     )
     _add_decoding_options(p)
-    p.add_argument("-i", "--input", help="input file (default: stdin; a prompt when stdin is a terminal)")
-    p.add_argument("-o", "--output", help="output file, written atomically (default: stdout)")
+    p.add_argument("-i", "--input", help="input file, or - (default: stdin; a prompt when stdin is a terminal)")
+    p.add_argument("-o", "--output", help="output file, written atomically, or - (default: stdout)")
     p.add_argument("--n-best", type=int, default=1, help="hypotheses per input (<= beam)")
     p.add_argument("--scores", action="store_true", help="append a tab and the hypothesis score")
     p.add_argument(
@@ -172,26 +177,27 @@ def _run_translate(args) -> None:
 
     from mt.textio import atomic_output, utf8_lines
 
+    stdin = args.input in (None, "-")  # -i - is standard input, as with most tools
     translator, _ = _translator(args)
     if args.input is None and sys.stdin.isatty():
         _interactive(translator)
         return
     with contextlib.ExitStack() as stack:
-        if args.input:
+        if not stdin:
             try:
                 source = stack.enter_context(open(args.input, "rb"))
             except OSError as e:
                 raise MTError(f"{args.input}: {e.strerror}") from None
         else:
             source = sys.stdin.buffer
-        lines = utf8_lines(source, args.input or "<stdin>")
+        lines = utf8_lines(source, "<stdin>" if stdin else args.input)
         prefixes = None
         if args.prefix_file:
             try:
                 prefixes = utf8_lines(stack.enter_context(open(args.prefix_file, "rb")), args.prefix_file)
             except OSError as e:
                 raise MTError(f"--prefix-file {args.prefix_file}: {e.strerror}") from None
-        out = stack.enter_context(atomic_output(args.output)) if args.output else sys.stdout
+        out = stack.enter_context(atomic_output(args.output)) if args.output not in (None, "-") else sys.stdout
         translations = translator.stream(lines, chunk=1000, n_best=args.n_best, prefixes=prefixes)
         for n, nbest in enumerate(_prefix_errors(translations, args.prefix_file)):
             for text, score in nbest:
@@ -263,7 +269,7 @@ def _add_attention(sub) -> None:
         nargs="+",
         default=[1.0],
         metavar="T",
-        help="attention temperature (default 1); with --explain several, compared side by side",
+        help="attention temperature, 0.01 to 100 (default 1); with --explain several, compared side by side",
     )
     p.add_argument(
         "--explain",
@@ -304,6 +310,39 @@ def _add_serve(sub) -> None:
         default=1000,
         help="most characters per sentence (default 1000); a body larger than these two limits could need "
         "is refused (413) unread",
+    )
+    p.add_argument(
+        "--max-beam",
+        type=int,
+        default=16,
+        help=f"the widest beam (and n-best) a request may ask for, at most {DECODING.max_beam} (default 16)",
+    )
+    p.add_argument(
+        "--max-queue",
+        type=int,
+        default=1024,
+        help="most sentences waiting or decoding at once; past it a request is refused at once, 503 with "
+        "Retry-After (default 1024)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=60.0,
+        help="seconds a request may take; past it, 504 with Retry-After and its sentences are dropped "
+        "(default 60). A stop waits this long for the requests in flight",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=30.0,
+        help="a decoding process that has sentences and reports no progress for this many seconds is "
+        "killed and replaced; only its sentences fail, 503 (default 30)",
+    )
+    p.add_argument(
+        "--allowed-hosts",
+        help="comma-separated host names the Host header may give, * for any (default: localhost, 127.0.0.1, "
+        "::1 and --host; any when --host is 0.0.0.0 or ::). A page that DNS rebinding points at this "
+        "machine names its own host, and is refused",
     )
 
 

@@ -39,6 +39,7 @@ from mt.data.batches import PAIRS_FILE, TokenBatchSampler, padding_waste, split_
 from mt.data.corpus import SplitSource, load_corpus
 from mt.data.tokenizer import JOINT, SRC, TGT, TextNormalizer, Tokenizer, train_sentencepiece, write_text_config
 from mt.errors import DataError
+from mt.textio import abandon_directory, begin_directory, finish_directory
 
 PREPARE_FORMAT = 4  # 2: source ids end with EOS; 3: the summary reports padding; 4: streamed, pairs.arrow
 FINGERPRINT_FIELDS = (
@@ -292,17 +293,13 @@ def prepare(cfg: DataConfig, verbose: bool = True) -> dict:
                 print(format_summary(summary))
             return summary
 
-    tmp = out.with_name(out.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = begin_directory(out, "prepare.json", "choose another data.prepared_dir")
     try:
         summary = _prepare_into(tmp, cfg, splits, fingerprint)
     except BaseException:  # an error or Ctrl-C: nothing half-made is left behind
-        shutil.rmtree(tmp, ignore_errors=True)
+        abandon_directory(tmp)
         raise
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    finish_directory(tmp, out)
     if verbose:
         print(f"prepared {cfg.pair} into {out}")
         print(format_summary(summary))

@@ -143,9 +143,11 @@ class Tokenizer:
     @classmethod
     def load(cls, directory: Path) -> Tokenizer:
         files = [f for f in cls.files(directory) if f.name != TEXT_JSON]
-        for f in files:
-            if not f.exists():
-                raise ModelDirError(f"{f}: tokenizer model missing")
+        missing = [f for f in files if not f.exists()]
+        if len(missing) == 2:  # neither layout is there: name the usual one, the shared vocabulary
+            raise ModelDirError(f"{Path(directory) / JOINT}: tokenizer model missing (or {SRC} and {TGT})")
+        if missing:
+            raise ModelDirError(f"{missing[0]}: tokenizer model missing")
         procs = []
         for f in files:
             try:

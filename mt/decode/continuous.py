@@ -41,7 +41,15 @@ from torch import Tensor
 from mt.data.tokenizer import pad_batch
 from mt.decode.ensemble import Ensemble, EnsembleCache, EnsembleEncoding
 from mt.decode.joining import JoinedCache, join_sources
-from mt.decode.search import Hypothesis, SearchSettings, beam_step, max_lengths, prefix_tensor, step_log_probs
+from mt.decode.search import (
+    Hypothesis,
+    SearchSettings,
+    beam_step,
+    max_lengths,
+    normalized,
+    prefix_tensor,
+    step_log_probs,
+)
 from mt.model.transformer import DecoderCache, EncoderOutput, Transformer
 
 
@@ -54,6 +62,14 @@ class Sentence:
     alpha: float = 1.0  # length penalty: score = log-probability / length ** alpha
     n_best: int = 1  # hypotheses to return, at most the beam
     tag: object = None  # the caller's, handed back with the result
+
+
+class JoinError(RuntimeError):
+    """Sentences that could not join a search (``sentences``), and why (``__cause__``)."""
+
+    def __init__(self, sentences: list[Sentence], cause: Exception):
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.sentences = sentences
 
 
 class ContinuousBeamSearch:
@@ -83,26 +99,41 @@ class ContinuousBeamSearch:
         self.steps = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) tokens generated so far
         self.limits = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) most tokens to generate
         self.prefix: Tensor | None = None  # (N, P) prefix ids padded with -1, or None if none has one
+        self.dropped: set = set()  # tags of sentences under way that leave at the next step unanswered
 
     def __len__(self) -> int:
         """Sentences under way and waiting."""
         return len(self.sentences) + len(self.waiting)
 
     def add(self, sentences: list[Sentence]) -> None:
-        """Queue sentences: they join at the next ``step``."""
+        """Queue sentences: they join at the next ``step``. Raises ValueError, and queues
+        none of them, if one cannot be searched."""
         for x in sentences:
             if not x.src:
                 raise ValueError("a sentence to translate has at least its eos")
             if not 1 <= x.n_best <= self.beam:
                 raise ValueError(f"n_best must be between 1 and the beam size {self.beam}")
+            if x.alpha < 0:
+                raise ValueError(f"alpha must be >= 0, got {x.alpha}")
         self.waiting.extend(sentences)
+
+    def drop(self, tags: set) -> None:
+        """Forget the sentences whose tag is in ``tags`` (their requester has gone): waiting
+        ones at once, those under way at the next step, where they leave unanswered."""
+        self.waiting = [x for x in self.waiting if x.tag not in tags]
+        self.dropped |= {x.tag for x in self.sentences if x.tag in tags}
 
     @torch.inference_mode()
     def step(self) -> list[tuple[Sentence, list[Hypothesis]]]:
-        """One decoding step of every sentence; the ones it finished, with their hypotheses."""
+        """One decoding step of every sentence; the ones it finished, with their hypotheses.
+        Raises ``JoinError`` if the waiting sentences cannot join: they are gone from the
+        search, and the sentences under way are untouched (the next ``step`` goes on)."""
         if self.waiting:
-            self._join(self.waiting)
-            self.waiting = []
+            new, self.waiting = self.waiting, []
+            try:
+                self._join(new)
+            except Exception as e:
+                raise JoinError(new, e) from e
         if not self.sentences:
             return []
         s, beam, dev = self.s, self.beam, self.device
@@ -117,15 +148,17 @@ class ContinuousBeamSearch:
                 hyps = self.finished[i]
                 if len(hyps) < beam:
                     tokens = self.tokens[row, int(self.start[row]) + 1 :].tolist()
-                    hyps.append(Hypothesis(tokens, lp / float(steps[i] + 1) ** self.sentences[i].alpha, lp))
+                    hyps.append(Hypothesis(tokens, normalized(lp, float(steps[i] + 1), self.sentences[i].alpha), lp))
         # done: `beam` hypotheses finished, or at the length limit (which forces eos)
         at_end = (self.steps + 1 >= self.limits).tolist()
-        done = [len(h) >= beam or end for h, end in zip(self.finished, at_end)]
+        dropped = [x.tag in self.dropped for x in self.sentences]
+        done = [len(h) >= beam or end or gone for h, end, gone in zip(self.finished, at_end, dropped)]
         out = [
             (x, sorted(h, key=lambda y: -y.score)[: x.n_best])
-            for x, h, d in zip(self.sentences, self.finished, done)
-            if d
+            for x, h, d, gone in zip(self.sentences, self.finished, done, dropped)
+            if d and not gone
         ]
+        self.dropped = set()  # every dropped sentence leaves the batch below
         if all(done):
             self._reset()
             return out
@@ -164,7 +197,9 @@ class ContinuousBeamSearch:
             self.prefix = self.prefix[keep]
 
     def _join(self, new: list[Sentence]) -> None:
-        """Let ``new`` sentences into the batch: encoded, their sources projected, ``beam`` rows each."""
+        """Let ``new`` sentences into the batch: encoded, their sources projected, ``beam`` rows each.
+        All of it is computed before any of the search's state changes: if it raises, the
+        sentences under way are as they were."""
         s, beam, dev = self.s, self.beam, self.device
         src = pad_batch([x.src for x in new], s.pad_id).to(dev)
         prefix = prefix_tensor([x.prefix for x in new], len(new), dev)
@@ -175,24 +210,26 @@ class ContinuousBeamSearch:
         scores = torch.full((len(new), beam), float("-inf"), device=dev)
         scores[:, 0] = 0.0  # one live hypothesis: its first step expands it alone
         if not self.sentences:
-            self.enc, self.cache = enc, _joinable(cache)
-            self.tokens = torch.full((rows, 1), s.bos_id, dtype=torch.long, device=dev)
-            self.start = torch.zeros(rows, dtype=torch.long, device=dev)
+            enc, cache = enc, _joinable(cache)
+            tokens = torch.full((rows, 1), s.bos_id, dtype=torch.long, device=dev)
+            start = torch.zeros(rows, dtype=torch.long, device=dev)
         else:
             t = self.tokens.size(1) - 1  # slots in the cache
             drop = int(self.start.min())  # slots no row uses any more
-            self.enc = _join_sources(self.enc, enc)
-            self.cache = self.cache.join(cache, rows, drop)
+            enc = _join_sources(self.enc, enc)
+            cache = self.cache.join(cache, rows, drop)
             fresh = torch.full((rows, t + 1 - drop), s.pad_id, dtype=torch.long, device=dev)
             fresh[:, -1] = s.bos_id
-            self.tokens = torch.cat([self.tokens[:, drop:], fresh])
-            self.start = torch.cat([self.start - drop, self.start.new_full((rows,), t - drop)])
+            tokens = torch.cat([self.tokens[:, drop:], fresh])
+            start = torch.cat([self.start - drop, self.start.new_full((rows,), t - drop)])
         if prefix is not None or self.prefix is not None:
             none = torch.full((len(self.sentences), 1), -1, dtype=torch.long, device=dev)
             old = self.prefix if self.prefix is not None else none
             add = prefix if prefix is not None else none[:0].new_full((len(new), 1), -1)
             width = max(old.size(1), add.size(1))
-            self.prefix = torch.cat([_pad_right(old, width), _pad_right(add, width)])
+            prefix = torch.cat([_pad_right(old, width), _pad_right(add, width)])
+        # commit
+        self.enc, self.cache, self.tokens, self.start, self.prefix = enc, cache, tokens, start, prefix
         self.sentences += new
         self.finished += [[] for _ in new]
         self.scores = torch.cat([self.scores, scores])

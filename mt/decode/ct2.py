@@ -9,14 +9,16 @@ from pathlib import Path
 
 from mt.config import DECODING
 from mt.data.tokenizer import Tokenizer
-from mt.decode.search import SearchSettings
+from mt.decode.search import SearchSettings, normalized
 from mt.decode.translator import LineTranslator
 from mt.errors import MTError
+
+EXPORT_JSON = "mt_export.json"  # in every directory mt export writes: what it was made from
 
 
 def is_ct2_dir(path: str | Path) -> bool:
     """Whether ``path`` is a directory written by ``mt export --to ct2``."""
-    return (Path(path) / "model.bin").exists() and (Path(path) / "mt_export.json").exists()
+    return (Path(path) / "model.bin").exists() and (Path(path) / EXPORT_JSON).exists()
 
 
 class CT2Translator(LineTranslator):
@@ -45,10 +47,10 @@ class CT2Translator(LineTranslator):
             raise MTError(f"{directory} is a CTranslate2 export: {needs}") from None
         directory = Path(directory)
         try:
-            self.info = json.loads((directory / "mt_export.json").read_text())
+            self.info = json.loads((directory / EXPORT_JSON).read_text())
             self.max_positions = int(self.info["model"]["max_positions"])
         except (OSError, ValueError, KeyError, TypeError) as e:
-            raise MTError(f"{directory / 'mt_export.json'}: unreadable ({e})") from None
+            raise MTError(f"{directory / EXPORT_JSON}: unreadable ({e})") from None
         self.tok = Tokenizer.load(directory)
         self.beam, self.alpha, self.batch_size, self.workers = beam, alpha, batch_size, 1
         a = DECODING.max_len_a if max_len_a is None else max_len_a
@@ -111,7 +113,7 @@ class CT2Translator(LineTranslator):
         if cut:
             scored = self.translator.score_batch([pieces[k] for k, _ in cut], [h for _, h in cut])
             for (k, h), result in zip(cut, scored):  # log-probabilities of h's tokens and the EOS
-                hypotheses[k] = ([h], [sum(result.log_probs) / len(result.log_probs) ** self.alpha])
+                hypotheses[k] = ([h], [normalized(sum(result.log_probs), float(len(result.log_probs)), self.alpha)])
         return hypotheses
 
     def stream(self, lines, chunk: int = 1000, n_best: int = 1, prefixes=None):

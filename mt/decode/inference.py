@@ -28,7 +28,7 @@ from safetensors.torch import load_model, save_model
 from mt.config import DECODING, ConfigError, ModelConfig
 from mt.data.tokenizer import Tokenizer
 from mt.decode.allocator import keep_freed_memory
-from mt.decode.ct2 import CT2Translator, is_ct2_dir
+from mt.decode.ct2 import EXPORT_JSON, CT2Translator, is_ct2_dir
 from mt.decode.ensemble import Ensemble
 from mt.decode.fastpath import speed_up
 from mt.decode.translator import Translator
@@ -62,9 +62,11 @@ def load(
     consistency. The model is on decoding's fast path unless ``fast=False``
     (the textbook modules, as training ran them)."""
     run_dir = Path(run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ModelDirError(f"{run_dir}: a file, not a model directory (give the run directory that holds it)")
     if not run_dir.is_dir():
         raise ModelDirError(f"{run_dir}: model directory does not exist")
-    if (run_dir / "mt_export.json").exists():
+    if (run_dir / EXPORT_JSON).exists():
         raise ModelDirError(f"{run_dir}: a CTranslate2 export (mt export); this needs the mt run it was exported from")
     for name in (MODEL_JSON, WEIGHTS):
         if not (run_dir / name).exists():
@@ -151,8 +153,10 @@ class DecodingOptions:
         for option, value in (("--beam", self.beam), ("--batch-size", self.batch_size), ("--workers", self.workers)):
             if value is not None and value < 1:
                 raise MTError(f"{option} must be at least 1, got {value}")
-        if not math.isfinite(self.alpha):
-            raise MTError(f"--alpha must be a finite number, got {self.alpha}")
+        if not 1 <= self.beam <= DECODING.max_beam:
+            raise MTError(f"--beam must be between 1 and {DECODING.max_beam}, got {self.beam}")
+        if not 0 <= self.alpha <= DECODING.max_alpha:  # NaN fails this too
+            raise MTError(f"--alpha must be between 0 and {DECODING.max_alpha}, got {self.alpha}")
         a, b = self.max_len_a, self.max_len_b
         if not (0 <= a < math.inf and b >= 0 and a + b > 0):
             raise MTError(

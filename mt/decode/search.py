@@ -161,8 +161,15 @@ def greedy_search(
             sentence, live, tokens = sentence[keep], live[keep], tokens[keep]
             enc = enc.index_select(keep)
             cache = cache.reorder(keep, source_index=keep)
-    scores = (log_prob / length**alpha).tolist()
+    scores = normalized(log_prob, length, alpha).tolist()
     return [Hypothesis(_strip(row, s), score, lp) for row, score, lp in zip(out.tolist(), scores, log_prob.tolist())]
+
+
+def normalized(log_prob, length, alpha: float):
+    """The length-normalised score ``log_prob / length ** alpha`` (floats or tensors),
+    computed as a product with ``length ** -alpha``: for lengths >= 1 and alpha >= 0
+    that factor is at most 1, so no alpha can overflow it (a huge one underflows to 0)."""
+    return log_prob * length**-alpha
 
 
 def _strip(ids: list[int], s: SearchSettings) -> list[int]:
@@ -218,11 +225,10 @@ def beam_search(
         step_out = beam_step(logp, scores, beam, s.eos_id)
         done = torch.zeros(n, dtype=torch.bool, device=dev)
         if step_out.finished:
-            penalty = float(step + 1) ** alpha
             for i, row, lp in step_out.finished:
                 hyps = finished[int(sentence[i])]
                 if len(hyps) < beam:
-                    hyps.append(Hypothesis(tokens[row, 1:].tolist(), lp / penalty, lp))
+                    hyps.append(Hypothesis(tokens[row, 1:].tolist(), normalized(lp, float(step + 1), alpha), lp))
             done = torch.tensor([len(finished[i]) >= beam for i in sentence.tolist()], device=dev)
             if done.all():
                 break

@@ -145,6 +145,9 @@ def run(args, translator: Translator) -> None:
         data, name = run_config(run_dir).get("data", {}), Path(args.src).stem
     else:
         raise MTError("give either --split NAME or --src FILE --ref FILE")
+    if not sources:
+        where = args.src if args.src else f"split {args.split!r}"
+        raise MTError(f"{where}: no lines: an empty test set has no score")
     paper_ref = None
     if args.paper:
         paper_ref = Path(args.paper_ref) if args.paper_ref else find_paper_reference(data, name)

@@ -33,8 +33,10 @@ import numpy as np
 from torch import Tensor, nn
 
 from mt.data.tokenizer import Tokenizer
+from mt.decode.ct2 import EXPORT_JSON
 from mt.errors import MTError
 from mt.model.transformer import Transformer
+from mt.textio import abandon_directory, begin_directory, finish_directory
 
 QUANTIZATIONS = ("none", "int8", "int8_float32", "int16", "float16", "bfloat16")
 
@@ -179,17 +181,14 @@ def export_ct2(run_dir: Path, out: Path, quantization: str = "none", force: bool
     if quantization not in QUANTIZATIONS:
         raise MTError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
     run_dir, out = Path(run_dir), Path(out)
-    if out.exists() and not (force and (out / "model.bin").exists()):
-        what = "a CTranslate2 model: add --force to replace it" if (out / "model.bin").exists() else "not one of ours"
-        raise MTError(f"{out}: already exists ({what})")
+    if (out / EXPORT_JSON).is_file() and not force:
+        raise MTError(f"{out}: already exists (an earlier mt export: add --force to replace it)")
+    partial = begin_directory(out, EXPORT_JSON, "choose another OUT")  # never a half-written model at `out`
     model, tok, meta = load(run_dir, fast=False)
     spec = ct2_spec(model, tok)
     spec.validate()
     spec.optimize(quantization=None if quantization == "none" else quantization)
 
-    partial = out.with_name(out.name + ".partial")  # never a half-written model at `out`
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
     try:
         spec.save(str(partial))
         for f in [*Tokenizer.files(run_dir), run_dir / "config.yaml"]:  # the config: mt evaluate --split
@@ -199,7 +198,7 @@ def export_ct2(run_dir: Path, out: Path, quantization: str = "none", force: bool
         src_spm, tgt_spm = (files[0], files[0]) if len(files) == 1 else (files[0], files[1])
         info = {"exported_from": str(run_dir), "quantization": quantization, "model": meta["model"],
                 "source": meta.get("source"), "src_spm": src_spm, "tgt_spm": tgt_spm}  # fmt: skip
-        (partial / "mt_export.json").write_text(json.dumps(info, indent=2) + "\n")
+        (partial / EXPORT_JSON).write_text(json.dumps(info, indent=2) + "\n")
         text_note = (
             "This model was trained on paper-style text (lowercased, Moses-tokenized): `mt translate` prepares "
             "the input and restores the output the same way; the snippet above does not. "
@@ -211,11 +210,9 @@ def export_ct2(run_dir: Path, out: Path, quantization: str = "none", force: bool
             tgt=_lang(run_dir, "tgt"), params=sum(p.numel() for p in model.parameters()), src_spm=src_spm,
             tgt_spm=tgt_spm, text_note=text_note,
         ))  # fmt: skip
-        if out.exists():
-            shutil.rmtree(out)
-        partial.rename(out)
+        finish_directory(partial, out)
     except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
+        abandon_directory(partial)
         raise
 
     ours = Translator(model, tok, beam=1, workers=1).translate(CHECK_SENTENCES)

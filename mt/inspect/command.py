@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 from mt.decode.inference import load
@@ -58,11 +57,28 @@ def _outputs(out: Path, kinds: list[str], index: int | None) -> dict[str, Path]:
     return paths
 
 
+#: the temperatures mt attention takes: far below 0.01 the scores / (sqrt(d_k) * T) leave
+#: float32's range (1e-300 makes them inf, and the weights NaN); far above 100 every row is flat
+TEMPERATURES = (0.01, 100.0)
+
+
 def _temperatures(values: list[float]) -> list[float]:
+    low, high = TEMPERATURES
     for t in values:
-        if not 0 < t < math.inf:  # NaN fails this too
-            raise MTError(f"--temperature must be a positive number, got {t}")
+        if not low <= t <= high:  # NaN fails this too
+            raise MTError(f"--temperature must be between {low:g} and {high:g}, got {t:g}")
     return values
+
+
+def _check_outputs(*paths: Path | str | None) -> None:
+    """Every file the command will write, checked before it writes any: its directory exists."""
+    for path in paths:
+        if path is None:
+            continue
+        parent = Path(path).parent
+        if not parent.is_dir():
+            missing = "does not exist" if not parent.exists() else "is not a directory"
+            raise MTError(f"{path}: cannot write, {parent} {missing}")
 
 
 def run(args) -> None:
@@ -78,6 +94,7 @@ def run(args) -> None:
     if len(_temperatures(args.temperature)) > 1:
         raise MTError("several --temperature values go with --explain; give one")
     args.temperature = args.temperature[0]
+    _check_outputs(args.out, args.html)
     model, tok, _ = load(args.model, fast=False)  # the textbook modules, as training ran them
     if args.src_file:
         from mt.data.corpus import read_lines
@@ -183,6 +200,7 @@ def explain(args) -> None:
     temperatures = _temperatures(args.temperature)
     if args.query < 0:
         raise MTError(f"--query {args.query} out of range: positions start at 0")
+    _check_outputs(args.out, args.npz)
     model, tok, _ = load(args.model, fast=False)  # the textbook modules, as training ran them
     n_layers = model.cfg.enc_layers if args.kind == "encoder" else model.cfg.dec_layers
     layer = 0 if args.layer == "all" else _select(args.layer, n_layers, "layer")[0]

@@ -11,6 +11,9 @@ sentence joins a beam search under way in a decoding process and is
 answered as soon as it is finished (``mt.serve.batcher``), off the event loop, so
 the server answers ``/healthz`` while it decodes. A translation is the same
 as ``mt translate``'s with the same options.
+
+What a client may send, and what the service promises in return (limits,
+deadlines, hosts, content type): SECURITY.md.
 """
 
 from __future__ import annotations
@@ -18,9 +21,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import signal
 import time
+from collections.abc import Awaitable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
@@ -28,18 +31,19 @@ from pathlib import Path
 from typing import Annotated
 
 import yaml
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
 from starlette.exceptions import HTTPException
 
+from mt.config import DECODING
 from mt.data.tokenizer import Tokenizer
 from mt.decode.translator import Translator
 from mt.inspect.capture import KINDS, force_decode, head_table, translate_with_attention
 from mt.inspect.plotting import explorer_data, web_asset
 from mt.model.transformer import Transformer
-from mt.serve.batcher import Batcher, DecodingError, Options
+from mt.serve.batcher import Batcher, DecodingError, DecodingTimeout, Options, Overloaded
 
 
 @dataclass
@@ -49,7 +53,9 @@ class Limits:
     max_lines: int = 64  #: sentences per request
     max_chars: int = 1000  #: characters per sentence (and per prefix)
     max_beam: int = 16
-    max_attention_chars: int = 300  #: the attention endpoint draws one sentence
+    max_attention_chars: int = 300  #: the attention endpoint draws one sentence (and its target)
+    max_queue: int = 1024  #: sentences outstanding in the decoding processes; past it, 503 at once
+    max_attention_queue: int = 4  #: attention requests in flight; past it, 503 at once
 
     @property
     def max_body_bytes(self) -> int:
@@ -66,7 +72,9 @@ class TranslateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: Text | list[Text] = Field(description="one sentence, or a list of them")
     beam: StrictInt | None = Field(None, description="beam size (default: the server's --beam); 1 = greedy")
-    alpha: StrictFloat | StrictInt | None = Field(None, description="length penalty: score / length**alpha")
+    alpha: StrictFloat | StrictInt | None = Field(
+        None, description=f"length penalty, 0 to {DECODING.max_alpha:g}: score / length**alpha"
+    )
     n_best: StrictInt = Field(1, description="hypotheses per sentence, at most the beam")
     scores: bool = Field(False, description="include each translation's score")
     prefix: Text | list[Text] | None = Field(
@@ -86,6 +94,13 @@ class BadRequest(Exception):
         self.status = status
 
 
+class ClientGone(Exception):
+    """The client closed the connection before its answer was ready."""
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 @dataclass
 class Service:
     """What the endpoints share: the translator, the batcher, the model to look inside."""
@@ -98,8 +113,12 @@ class Service:
     max_batch: int = 64
     max_wait_ms: float = 10.0
     workers: int = 1
+    timeout_s: float = 60.0  #: a request's deadline (504 past it)
+    stall_s: float = 30.0  #: a decoding process with sentences and no report for this long is replaced
+    allowed_hosts: tuple[str, ...] = LOOPBACK  #: names the Host header may give; "*" = any
     batcher: Batcher | None = None
     inspect_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "mt-attention"))
+    attention_in_flight: int = 0
 
 
 def model_info(run_dir: Path, model: Transformer, meta: dict, members: int) -> dict:
@@ -129,8 +148,18 @@ def model_info(run_dir: Path, model: Transformer, meta: dict, members: int) -> d
     return info
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status)
+def _error(status: int, message: str, retry_after: int | None = None) -> JSONResponse:
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _check_text(where: str, text: str) -> None:
+    """JSON can carry a lone surrogate (``"\\ud800"``), which is no text: refuse it by field."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = f"U+{ord(text[e.start]):04X}"
+        raise BadRequest(f"{where} holds a lone surrogate ({code}) at character {e.start}") from None
 
 
 def _validation_message(exc: RequestValidationError) -> str:
@@ -146,26 +175,51 @@ def _validation_message(exc: RequestValidationError) -> str:
     return "; ".join(dict.fromkeys(parts)) or "invalid request"
 
 
-class JsonBodies:
-    """ASGI middleware: a POST body is JSON whatever its Content-Type says (curl -d
-    sends a form type); invalid UTF-8 in it is a 400 that says so, before any
-    parsing; a body of more than ``max_bytes`` is a 413, and is not read further.
+def _host_name(header: bytes) -> str:
+    """The name in a Host header, without its port: ``[::1]:8000`` -> ``::1``."""
+    host = header.decode("latin-1").strip().lower()
+    if host.startswith("["):
+        return host[1 : host.find("]")] if "]" in host else host
+    name, _, port = host.rpartition(":")
+    return name if name and port.isdigit() else host
+
+
+class Guard:
+    """ASGI middleware, before anything else reads a request: the ``Host`` header must
+    name a host the service was started for (400 otherwise: a page that DNS rebinding
+    pointed at 127.0.0.1 is refused). A POST body must be declared ``application/json``
+    (415 otherwise: a cross-site page can send ``text/plain`` without a preflight, not
+    JSON), must be UTF-8 (400, before any parsing), and is not read past ``max_bytes`` (413).
 
     Plain ASGI rather than ``@app.middleware("http")``: Starlette's version of
     that runs each request in a task group and streams its response through a
-    queue: a third of the server's CPU per request under load (docs/results/README.md)."""
+    queue: a third of the server's CPU per request under load (docs/results/serving.md)."""
 
-    def __init__(self, app, max_bytes: int):
+    def __init__(self, app, max_bytes: int, allowed_hosts: tuple[str, ...]):
         self.app, self.max_bytes = app, max_bytes
+        self.hosts = None if "*" in allowed_hosts else {h.lower() for h in allowed_hosts}
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.hosts is not None:
+            host = _host_name(headers.get(b"host", b""))
+            if host not in self.hosts:
+                message = f"Host {host or '(none)'!r} is not one this service answers to (mt serve --allowed-hosts)"
+                return await _error(400, message)(scope, receive, send)
+        if scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        media_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if media_type != b"application/json":
+            shown = media_type.decode("latin-1") or "none"
+            message = f"send the body as JSON, with Content-Type: application/json (got {shown})"
+            return await _error(415, message)(scope, receive, send)
         too_large = (
             f"the body is larger than {self.max_bytes} bytes, more than the limits on sentences and characters "
             "per request allow"
         )
-        declared = dict(scope["headers"]).get(b"content-length", b"")
+        declared = headers.get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self.max_bytes:
             return await _error(413, too_large)(scope, receive, send)
         chunks, size, more = [], 0, True
@@ -183,8 +237,6 @@ class JsonBodies:
             body.decode("utf-8")
         except UnicodeDecodeError as e:
             return await _error(400, f"the body is not valid UTF-8 (byte {e.start})")(scope, receive, send)
-        headers = [(k, v) for k, v in scope["headers"] if k != b"content-type"]
-        scope = {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
         replayed = False
 
         async def replay():
@@ -197,15 +249,44 @@ class JsonBodies:
         await self.app(scope, replay, send)
 
 
+async def _disconnected(receive) -> None:
+    """Return once the client has closed the connection (the request's body has been read)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(request: Request, work: Awaitable):
+    """``await work``, unless the client closes the connection first: then ``work`` is
+    cancelled (the request's sentences leave the queue) and ``ClientGone`` raised."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnected(request.receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # this request is cancelled itself
+        task.cancel()
+        raise
+    finally:
+        gone.cancel()
+    if not task.done():  # the client went first
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise ClientGone()
+    return task.result()
+
+
 def create_app(service: Service) -> FastAPI:
     """The application: the API under /v1, /healthz, and the page at /."""
 
     async def lifespan(app: FastAPI):
-        batcher = service.batcher = Batcher(service.translator, service.max_batch, service.max_wait_ms, service.workers)
+        batcher = service.batcher = Batcher(
+            service.translator, service.max_batch, service.max_wait_ms, service.workers, service.limits.max_queue,
+            service.stall_s,
+        )  # fmt: skip
         batcher.start()
         yield
-        await batcher.stop()  # this app's own, whatever another app on the same service has set since
-        service.inspect_pool.shutdown(wait=True)
+        await batcher.stop(timeout=service.timeout_s)  # this app's own, whatever another app has set since
+        service.inspect_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(
         title="mt",
@@ -213,7 +294,7 @@ def create_app(service: Service) -> FastAPI:
         lifespan=lifespan,
     )
 
-    app.add_middleware(JsonBodies, max_bytes=service.limits.max_body_bytes)
+    app.add_middleware(Guard, max_bytes=service.limits.max_body_bytes, allowed_hosts=service.allowed_hosts)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_, exc: RequestValidationError):
@@ -228,26 +309,40 @@ def create_app(service: Service) -> FastAPI:
     async def bad_request(_, exc: BadRequest):
         return _error(exc.status, str(exc))
 
+    @app.exception_handler(Overloaded)
+    async def overloaded(_, exc: Overloaded):  # refused at once: the queue is full
+        return _error(503, f"busy: {exc}; try again", retry_after=1)
+
     @app.exception_handler(DecodingError)
     async def decoding_failed(_, exc: DecodingError):  # a worker failed or ended; it is replaced, try again
-        return _error(503, f"decoding failed: {exc}")
+        return _error(503, f"decoding failed: {exc}", retry_after=5)
+
+    @app.exception_handler(DecodingTimeout)
+    async def timed_out(_, exc: DecodingTimeout):
+        return _error(504, str(exc), retry_after=5)
+
+    @app.exception_handler(ClientGone)
+    async def client_gone(_, exc: ClientGone):  # nobody reads this: the connection is closed
+        return _error(499, "the client closed the connection")
 
     @app.exception_handler(Exception)
     async def unexpected(_, exc: Exception):  # never a traceback to the client; the server keeps serving
         return _error(500, f"internal error: {type(exc).__name__}")
 
-    @app.get("/healthz", summary="Liveness: answers while the server decodes")
-    async def healthz() -> dict:
-        return {"status": "ok"}
+    @app.get("/healthz", summary="Health: ok, degraded (a decoding process starting, stalled or restarting), "
+             "unavailable or stopping (503); answers while the server decodes")  # fmt: skip
+    async def healthz():
+        health = service.batcher.health()
+        return JSONResponse(health, status_code=200 if health["status"] in ("ok", "degraded") else 503)
 
     @app.get("/v1/model", summary="The model: languages, sizes, parameters, vocabulary, recorded test scores")
     async def model() -> dict:
         return {**service.info, "beam": service.translator.beam, "limits": service.limits.__dict__}
 
     @app.post("/v1/translate", summary="Translate one sentence or a list, in order")
-    async def translate(req: TranslateRequest) -> dict:
+    async def translate(req: TranslateRequest, request: Request) -> dict:
         lines, prefixes, options = _check_translate(req, service)
-        results = await service.batcher.translate(lines, prefixes, options)
+        results = await _unless_gone(request, service.batcher.translate(lines, prefixes, options, service.timeout_s))
         out = []
         for nbest in results:
             item = {"text": nbest[0][0]}
@@ -263,11 +358,24 @@ def create_app(service: Service) -> FastAPI:
         text = req.text.strip()
         if not text:
             raise BadRequest("text is empty")
-        if len(text) > service.limits.max_attention_chars:
-            raise BadRequest(f"text has {len(text)} characters; the attention endpoint takes at most "
-                             f"{service.limits.max_attention_chars}")  # fmt: skip
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(service.inspect_pool, _attention, service, text, req.target)
+        most = service.limits.max_attention_chars
+        for where, value in (("text", text), ("target", req.target or "")):
+            _check_text(where, value)
+            if len(value) > most:
+                raise BadRequest(f"{where} has {len(value)} characters; the attention endpoint takes at most {most}")
+        if service.attention_in_flight >= service.limits.max_attention_queue:
+            return _error(503, f"busy: {service.attention_in_flight} attention requests in flight; try again",
+                          retry_after=1)  # fmt: skip
+        service.attention_in_flight += 1
+        try:
+            work = asyncio.get_running_loop().run_in_executor(
+                service.inspect_pool, _attention, service, text, req.target
+            )
+            return await asyncio.wait_for(asyncio.shield(work), service.timeout_s)
+        except asyncio.TimeoutError:
+            raise DecodingTimeout(f"not drawn within {service.timeout_s:g} s (--timeout)") from None
+        finally:
+            service.attention_in_flight -= 1
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> str:
@@ -301,6 +409,7 @@ def _check_translate(req: TranslateRequest, service: Service) -> tuple[list[str]
             raise BadRequest(f"{where} has {len(line)} characters; at most {limits.max_chars}", 413)
         if "\n" in line or "\r" in line:
             raise BadRequest(f"{where} spans several lines; send them as a list")
+        _check_text(where, line)
     if req.prefix is None:
         prefixes = [""] * len(lines)
     elif isinstance(req.prefix, str) != single or (not single and len(req.prefix) != len(lines)):
@@ -308,23 +417,24 @@ def _check_translate(req: TranslateRequest, service: Service) -> tuple[list[str]
     else:
         prefixes = [req.prefix] if single else list(req.prefix)
         for n, p in enumerate(prefixes):
+            where = "prefix" if single else f"prefix[{n}]"
             if len(p) > limits.max_chars:
-                raise BadRequest(
-                    f"prefix{'' if single else f'[{n}]'} has {len(p)} characters; at most {limits.max_chars}", 413
-                )
+                raise BadRequest(f"{where} has {len(p)} characters; at most {limits.max_chars}", 413)
+            _check_text(where, p)
     beam = service.translator.beam if req.beam is None else req.beam
     if not 1 <= beam <= limits.max_beam:
         raise BadRequest(f"beam must be between 1 and {limits.max_beam}, got {beam}")
     if not 1 <= req.n_best <= beam:
         raise BadRequest(f"n_best must be between 1 and the beam ({beam}), got {req.n_best}")
-    alpha = service.translator.alpha if req.alpha is None else float(req.alpha)
-    if not 0 <= alpha < math.inf:
-        raise BadRequest(f"alpha must be a number >= 0, got {alpha}")
+    alpha = service.translator.alpha if req.alpha is None else req.alpha
+    if not 0 <= alpha <= DECODING.max_alpha:  # compared before float(): an int of 400 digits overflows it
+        shown = alpha if len(str(alpha)) <= 20 else f"{str(alpha)[:12]}... ({len(str(alpha))} digits)"
+        raise BadRequest(f"alpha must be between 0 and {DECODING.max_alpha:g}, got {shown}")
     try:
         service.translator.encode_prefixes(prefixes)
     except ValueError as e:
         raise BadRequest(str(e)) from None
-    return lines, prefixes, Options(beam, alpha, req.n_best)
+    return lines, prefixes, Options(beam, float(alpha), req.n_best)
 
 
 def _attention(service: Service, text: str, target: str | None) -> dict:
@@ -334,10 +444,14 @@ def _attention(service: Service, text: str, target: str | None) -> dict:
     model, tok = service.inspect_model, service.tok
     limit = model.cfg.max_positions
     src_ids = tok.encode_src([text])[0][: limit - 1]
+    if not src_ids:
+        raise BadRequest("text has no pieces to look at (only characters the tokenizer drops)")
     if src_ids[-1] != tok.eos_id:
         src_ids.append(tok.eos_id)
     if target is not None and target.strip():
         tgt_ids = tok.encode_tgt([target])[0][: limit - 2]
+        if not tgt_ids:
+            raise BadRequest("target has no pieces to force-decode (only characters the tokenizer drops)")
     else:
         tgt_ids, _ = translate_with_attention(model, tok, src_ids, min(2 * len(src_ids) + 10, limit - 1))
     maps = force_decode(model, tok, src_ids, tgt_ids)
@@ -352,6 +466,40 @@ def _attention(service: Service, text: str, target: str | None) -> dict:
     }
 
 
+def check_options(args) -> tuple[str, ...]:
+    """Refuse, by name, ``mt serve`` options that would fail requests later rather than now;
+    the hosts the service answers to."""
+    from mt.errors import MTError
+
+    if args.max_batch < 1:
+        raise MTError(f"--max-batch must be at least 1, got {args.max_batch}")
+    if not 0 <= args.max_wait_ms <= 1000:  # NaN fails this too
+        raise MTError(f"--max-wait-ms must be between 0 and 1000, got {args.max_wait_ms}")
+    if not 0 < args.port < 65536:
+        raise MTError(f"--port must be between 1 and 65535, got {args.port}")
+    if args.max_lines < 1 or args.max_chars < 1:
+        raise MTError(f"--max-lines and --max-chars must be at least 1, got {args.max_lines} and {args.max_chars}")
+    if not 1 <= args.max_beam <= DECODING.max_beam:
+        raise MTError(f"--max-beam must be between 1 and {DECODING.max_beam}, got {args.max_beam}")
+    if args.beam > args.max_beam:
+        raise MTError(f"--beam {args.beam} is more than --max-beam {args.max_beam}, the widest a request may ask for")
+    if not 1 <= args.timeout <= 3600:
+        raise MTError(f"--timeout must be between 1 and 3600 seconds, got {args.timeout}")
+    if not 1 <= args.stall_timeout <= 3600:
+        raise MTError(f"--stall-timeout must be between 1 and 3600 seconds, got {args.stall_timeout}")
+    if args.max_queue < args.max_lines:
+        raise MTError(f"--max-queue {args.max_queue} is less than --max-lines {args.max_lines}: a full request "
+                      "could never be queued")  # fmt: skip
+    if args.allowed_hosts is not None:
+        hosts = tuple(h.strip().lower().strip("[]") for h in args.allowed_hosts.split(",") if h.strip())
+        if not hosts:
+            raise MTError("--allowed-hosts names no host (a comma-separated list, or * for any)")
+        return hosts
+    if args.host in ("0.0.0.0", "::", ""):  # every interface: the names it is reached by are not known here
+        return ("*",)
+    return (*LOOPBACK, args.host.lower().strip("[]"))
+
+
 def run(args) -> None:
     """``mt serve``: load the model(s) and serve until SIGINT or SIGTERM."""
     import uvicorn
@@ -359,26 +507,26 @@ def run(args) -> None:
     from mt.decode.inference import DecodingOptions, load, open_translator
     from mt.errors import MTError
 
-    if args.max_batch < 1 or args.max_wait_ms < 0:
-        raise MTError("--max-batch must be at least 1 and --max-wait-ms at least 0")
-    if not 0 < args.port < 65536:
-        raise MTError(f"--port must be between 1 and 65535, got {args.port}")
-    if args.max_lines < 1 or args.max_chars < 1:
-        raise MTError(f"--max-lines and --max-chars must be at least 1, got {args.max_lines} and {args.max_chars}")
+    hosts = check_options(args)
     translator, meta = open_translator(args.model, DecodingOptions.from_args(args))  # as mt translate's
     workers = translator.workers
     translator.workers = (
         1  # mt serve's --workers are decoding processes (mt.serve.batcher), each with its share of threads
     )
     inspect_model, tok, _ = load(args.model[0], fast=False)
+    limits = Limits(max_lines=args.max_lines, max_chars=args.max_chars, max_beam=args.max_beam,
+                    max_queue=args.max_queue)  # fmt: skip
     service = Service(
         translator, inspect_model, tok, model_info(Path(args.model[0]), inspect_model, meta, len(args.model)),
-        Limits(max_lines=args.max_lines, max_chars=args.max_chars), args.max_batch, args.max_wait_ms, workers,
+        limits, args.max_batch, args.max_wait_ms, workers, args.timeout, args.stall_timeout, hosts,
     )  # fmt: skip
+    # the requests in flight at a stop end within --timeout (answered, or 504): uvicorn waits for them
     config = uvicorn.Config(create_app(service), host=args.host, port=args.port, log_level="warning",
-                            timeout_graceful_shutdown=30)  # fmt: skip
-    server = _Server(config)
+                            timeout_graceful_shutdown=int(args.timeout) + 5)  # fmt: skip
+    server = _Server(config, service)
     print(f"mt serve: {args.model[0]} on http://{args.host}:{args.port}/ (API docs at /docs)", flush=True)
+    if hosts == ("*",):
+        print("mt serve: answering to any Host name; --allowed-hosts limits them", flush=True)
     started = time.monotonic()
     server.run()
     if not server.started:
@@ -389,9 +537,12 @@ def run(args) -> None:
 class _Server:
     """uvicorn's server, where SIGINT or SIGTERM is the normal end: it stops accepting,
     answers the requests in flight, and the command exits 0 (uvicorn alone re-raises
-    the signal once it has stopped, which would end the process by that signal)."""
+    the signal once it has stopped, which would end the process by that signal). From
+    the signal on, the batcher starts no process (``Batcher.drain``); the requests in
+    flight are decoded. The workers ignore the signal, which reaches them too when it
+    is sent to the process group."""
 
-    def __new__(cls, config):
+    def __new__(cls, config, service: Service):
         import uvicorn
 
         class Server(uvicorn.Server):
@@ -404,6 +555,11 @@ class _Server:
                 finally:
                     for sig, handler in original.items():
                         signal.signal(sig, handler)
+
+            def handle_exit(self, sig, frame):
+                if service.batcher is not None:
+                    service.batcher.drain()
+                super().handle_exit(sig, frame)
 
         return Server(config)
 

@@ -48,6 +48,11 @@ async function translate(prefix) {
     const list = result.n_best || [];
     $("nbest-list").innerHTML = list.length > 1 ? list.map(h =>
       `<li>${escapeHtml(h.text)}<span class="score">${h.score.toFixed(3)}</span></li>`).join("") : "";
+    if (!result.text) {  // as mt translate: a text of characters the tokenizer drops has an empty translation
+      $("attention-section").hidden = true;
+      say("nothing to translate: the model keeps no piece of this text");
+      return;
+    }
     say(`${((performance.now() - started) / 1000).toFixed(2)} s`);
     await showAttention(text, result.text);
   } catch (e) {
