@@ -144,4 +144,9 @@ def test_the_served_page_translates_completes_and_explores(toy_run, children, pa
     page.select_option("#nbest", "3")
     page.click("#translate")
     page.wait_for_function("document.querySelectorAll('#nbest-list li').length === 3")
+
+    page.fill("#source", "\u200b")  # a zero-width space: no pieces, so an empty translation, as mt translate's
+    page.click("#translate")
+    page.wait_for_function("document.getElementById('status').textContent.includes('nothing to translate')")
+    assert page.input_value("#target") == "" and page.is_hidden("#attention-section")
     assert page.errors == []

@@ -209,7 +209,7 @@ def test_bad_search_options_are_named(toy_run, capsys):
         (["--device", "tpu"], "--device tpu: not a device name"),
         (["--device", "meta"], "--device meta: mt decodes on cpu or cuda"),
         (["--device", "cuda:99"], "--device cuda:99: "),  # no GPU, or not that many
-        (["--alpha", "nan"], "--alpha must be a finite number"),
+        (["--alpha", "nan"], "--alpha must be between 0 and 10.0, got nan"),
         (["--max-len-a", "-1"], "--max-len-a -1.0 --max-len-b 10: the output length limit"),
         (["--max-len-a", "0", "--max-len-b", "0"], "needs a >= 0, b >= 0, not both 0"),
     ]
@@ -403,7 +403,7 @@ def test_attention_cli(toy_run, tmp_path, capsys):
     assert "--head must be an index, 'all' or 'mean'; got 'x'" in capsys.readouterr().err
     for t in ("0", "-1", "nan", "inf"):
         assert main(["attention", "--model", str(toy_run), "--src", "cat", "--stats", "--temperature", t]) == 1
-        assert "--temperature must be a positive number" in capsys.readouterr().err
+        assert "--temperature must be between 0.01 and 100" in capsys.readouterr().err
     assert main(["attention", "--model", str(toy_run), "--src", "cat", "--align", "--align-layer", "7"]) == 1
     captured = capsys.readouterr()
     assert "--align-layer 7 out of range" in captured.err and "target:" not in captured.out  # before decoding
