@@ -126,13 +126,13 @@ def begin_directory(out: Path, marker: str, how: str) -> Path:
     ``PARTIAL_MARK`` in it, to fill and then ``finish_directory``. mt replaces only what
     it wrote: ``out`` may be absent, empty, or hold ``marker`` (the file the writer
     leaves in every directory it writes); ``out.partial`` may be absent, empty, or hold
-    ``PARTIAL_MARK`` (an interrupted earlier run). Anything else is a ``DataError`` that
+    ``PARTIAL_MARK`` or ``marker`` (an interrupted earlier run). Anything else is a ``DataError`` that
     names it; ``how`` says what to do instead (another name, --force...)."""
     out = Path(out)
     partial = out.with_name(out.name + ".partial")
     if out.exists() and not _ours(out, marker):
         raise DataError(f"{out}: exists and was not written by mt (no {marker} in it); it is left as it is: {how}")
-    if partial.exists() and not _ours(partial, PARTIAL_MARK):
+    if partial.exists() and not (_ours(partial, PARTIAL_MARK) or _ours(partial, marker)):
         raise DataError(f"{partial}: exists and was not left by mt (no {PARTIAL_MARK} in it); it is left as it is: "
                         f"remove it or {how}")  # fmt: skip
     if partial.exists():

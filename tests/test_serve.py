@@ -159,6 +159,7 @@ BAD_TRANSLATE = [
     (b'{"text": "a", "alpha": 2000}', 422, "alpha must be between 0 and 10, got 2000"),
     (b'{"text": "a", "alpha": 1' + b"0" * 400 + b"}", 422, "(401 digits)"),
     (b'{"text": "a", "alpha": 1e400}', 422, "alpha must be between 0 and 10"),
+    (b'{"text": "a", "beam": 1' + b"0" * 5000 + b"}", 400, "more than 4,300 digits"),
     (b'{"text": "a", "alpha": NaN}', 422, "alpha"),
     (b'{"text": "a", "colour": 1}', 422, "colour: Extra inputs are not permitted"),
     (b'{"text": ["a", "b"], "prefix": "x"}', 422, "prefix must be a list of 2 strings"),

@@ -303,6 +303,8 @@ def create_app(service: Service) -> FastAPI:
 
     @app.exception_handler(HTTPException)
     async def http_error(_, exc: HTTPException):
+        if exc.status_code == 400 and "parsing the body" in str(exc.detail):  # what Python's JSON parser refused
+            return _error(400, "the body is not valid JSON (or holds a number of more than 4,300 digits)")
         return _error(exc.status_code, str(exc.detail))
 
     @app.exception_handler(BadRequest)
