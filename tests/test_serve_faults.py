@@ -187,7 +187,8 @@ def test_a_stopped_worker_with_a_full_pipe_never_blocks_the_server(toy_run, chil
 def test_the_soak_script_reports_no_hung_or_differing_answer(toy_run, tmp_path):
     report_file = tmp_path / "soak.json"
     done = run_command([sys.executable, str(ROOT / "scripts" / "soak_serve.py"), "--model", str(toy_run),
-                        "--minutes", "0.25", "--fault-every", "4", "--bad-share", "0.5", "--pool", "50", "--json", str(report_file)],
+                        "--minutes", "0.25", "--fault-every", "4", "--bad-share", "0.5", "--pool", "50",
+                        "--json", str(report_file)],
                        timeout=900, check=True)  # fmt: skip
     report = json.loads(report_file.read_text())
     assert (report["hung"], report["differ"], report["unexpected"]) == (0, 0, 0), done.stdout

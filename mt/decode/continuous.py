@@ -210,7 +210,7 @@ class ContinuousBeamSearch:
         scores = torch.full((len(new), beam), float("-inf"), device=dev)
         scores[:, 0] = 0.0  # one live hypothesis: its first step expands it alone
         if not self.sentences:
-            enc, cache = enc, _joinable(cache)
+            cache = _joinable(cache)
             tokens = torch.full((rows, 1), s.bos_id, dtype=torch.long, device=dev)
             start = torch.zeros(rows, dtype=torch.long, device=dev)
         else:
