@@ -167,9 +167,13 @@ def sentences(args) -> list[str]:
     if args.source:
         lines = [x.strip() for x in Path(args.source).read_text(encoding="utf-8").splitlines()]
     else:
+        from mt.errors import MTError
         from mt.evaluate.scoring import split_texts
 
-        lines, _, _ = split_texts(Path(args.model), "val")
+        try:
+            lines, _, _ = split_texts(Path(args.model), "val")
+        except MTError as e:
+            sys.exit(f"soak_serve.py: the run's validation split is not at hand ({e}); give --source FILE")
     lines = sorted({x for x in lines if x})
     return random.Random(0).sample(lines, min(args.pool, len(lines)))
 
