@@ -5,7 +5,7 @@
 Starts `mt serve` on loopback (its own process group, ended at the end) and runs,
 for --minutes: --clients threads sending well-formed requests (1-8 sentences of
 the run's validation split, or --source) and, one request in --bad-share, each
-bad input that once took the service down (a byte-order mark, a zero-width space,
+bad input the service must answer without harm (a byte-order mark, a zero-width space,
 a lone surrogate, alpha 2000, a text/plain body, a foreign Host...). Every
 --fault-every seconds a decoding process is killed (SIGKILL) or stopped (SIGSTOP,
 left stopped: the server must notice it).

@@ -137,9 +137,9 @@ def test_export_command_and_the_commands_that_decode_an_export(toy_run, exported
     assert main(["export", "--model", str(toy_run), "--to", "ct2", str(target), "--quantization", "int8"]) == 0
     printed = capsys.readouterr().out
     same, total = map(int, re.search(r"check: (\d+) of (\d+) greedy translations the same as mt's", printed).groups())
-    assert total == 6 and 0 <= same <= 6  # the check's English is noise to the toy model: int8 flips its ties
+    assert total == 6  # how many of them agree is no property: the check's English is noise to the toy model
     # int8 weights: a translation may change, but on the toy language most stay the same (CTranslate2's
-    # kernels differ by CPU: 84 of 100 on an AVX2 EPYC)
+    # kernels differ by CPU: docs/results/serving-faults.md)
     model, tok, _ = load(toy_run)
     ours = Translator(model, tok, beam=1, workers=1).translate(toy_test_lines)
     theirs = CT2Translator(target, beam=1).translate(toy_test_lines)
