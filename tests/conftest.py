@@ -60,6 +60,14 @@ def toy_data(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def toy_test_lines(toy_data):
+    """The first 40 source lines of the toy test set."""
+    from mt.data.batches import Split
+
+    return Split(toy_data / "test").src_text[:40]
+
+
 def mt_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "mt", *args]  # mt/__main__.py, as `python -m mt` runs it
 

@@ -65,13 +65,6 @@ def test_greedy_outputs_keep_their_own_length_limit(toy_run, exported):
     assert [h[0][1] for h in theirs] == pytest.approx([h[0][1] for h in ours], abs=1e-4)
 
 
-@pytest.fixture(scope="module")
-def toy_test_lines(toy_data):
-    from mt.data.batches import Split
-
-    return Split(toy_data / "test").src_text[:40]
-
-
 def _perturbed(cfg: ModelConfig, seed: int = 0) -> Transformer:
     """A model with every parameter moved off its initial value (layer norms too, so that
     a swapped or missing gain or bias shows)."""

@@ -365,36 +365,56 @@ def _add_export(sub) -> None:
 
     p = sub.add_parser(
         "export",
-        help="export a trained model to CTranslate2",
-        description="Write a CTranslate2 model directory (the weights, the sentencepiece model(s) and a README "
-        "saying how to run it), then translate a few sentences greedily with both engines and report whether "
-        "they agree. Needs the export extra: pip install -e '.[export]'.",
+        help="export a trained model to CTranslate2, Argos Translate / LibreTranslate or transformers",
+        description="Write the model in another toolkit's format, exactly (an option the format cannot hold is "
+        "refused by name), then translate a few sentences greedily with both engines and report whether they "
+        "agree. ct2: a CTranslate2 model directory; argos: an Argos Translate package (OUT.argosmodel) that "
+        "LibreTranslate installs; hf: a transformers model directory (Blenderbot for pre-LN, Marian for post-LN). "
+        "Needs pip install -e '.[export]' (ct2, argos) or '.[hf]' (hf).",
     )
     p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory to export")
-    p.add_argument("--to", required=True, choices=["ct2"], help="the format: ct2 (CTranslate2)")
-    p.add_argument("out", help="output directory (written as OUT.partial, renamed when complete)")
+    p.add_argument("--to", required=True, choices=["ct2", "argos", "hf"], help="the format (above)")
+    p.add_argument("out", help="output directory, or package file for argos (complete or not written at all)")
     p.add_argument(
         "--quantization",
         default="none",
         choices=QUANTIZATIONS,
-        help="the weights' type in the export (default none: float32, exact); int8 also makes the file a quarter "
+        help="ct2 and argos: the weights' type (default none: float32, exact); int8 also makes the file a quarter "
         "of the size",
     )
-    p.add_argument("--force", action="store_true", help="replace OUT if it is an earlier CTranslate2 export")
+    p.add_argument("--name", help="argos: the package's name (default mt-SRC_TGT)")
+    p.add_argument("--package-version", default="1.0", help="argos: the package's version (default 1.0)")
+    p.add_argument("--force", action="store_true", help="replace OUT if it is an earlier mt export")
 
 
 def _run_export(args) -> None:
-    from mt.export.ct2 import export_ct2
+    out = Path(args.out)
+    if args.to != "argos" and (args.name or args.package_version != "1.0"):
+        raise MTError("--name and --package-version are for --to argos")
+    if args.to == "hf" and args.quantization != "none":
+        raise MTError("--quantization is for --to ct2 and argos (a transformers export keeps float32)")
+    if args.to == "ct2":
+        from mt.export.ct2 import export_ct2
 
-    check = export_ct2(Path(args.model), Path(args.out), args.quantization, args.force)
-    print(f"exported {args.model} to {args.out} (CTranslate2, quantization {args.quantization})")
-    expected = (
-        "float32 weights: they should all be" if args.quantization == "none" else "quantized weights: some may differ"
-    )
+        check, engine, what = export_ct2(Path(args.model), out, args.quantization, args.force), "CTranslate2", "CT2"
+    elif args.to == "argos":
+        from mt.export.argos import export_argos
+
+        check = export_argos(Path(args.model), out, args.quantization, args.name, args.package_version, args.force)
+        engine, what = "CTranslate2", "Argos Translate package"
+    else:
+        from mt.export.hf import export_hf
+
+        check, engine, what = export_hf(Path(args.model), out, args.force), "transformers", "transformers"
+    quantized = args.quantization != "none"
+    print(f"exported {args.model} to {out} ({what}" + (f", quantization {args.quantization})" if quantized else ")"))
+    expected = "quantized weights: some may differ" if quantized else "float32 weights: they should all be"
     print(f"check: {check['same']} of {check['sentences']} greedy translations the same as mt's ({expected})")
     if check["first_difference"]:
         source, ours, theirs = check["first_difference"]
-        print(f"  first difference, {source!r}:\n    mt:          {ours}\n    CTranslate2: {theirs}")
+        print(f"  first difference, {source!r}:\n    mt:{' ' * (len(engine) - 1)}{ours}\n    {engine}: {theirs}")
+    if args.to == "argos":
+        print(f"install: argospm install {out} (and ARGOS_CHUNK_TYPE=SPACY to split sentences offline; docs/export.md)")
 
 
 COMMANDS = {

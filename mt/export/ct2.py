@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -170,59 +171,92 @@ def export_ct2(run_dir: Path, out: Path, quantization: str = "none", force: bool
     """Write ``out`` (a CTranslate2 model directory with the tokenizer and a
     README), then translate ``CHECK_SENTENCES`` greedily with both engines.
     Returns the check: how many translations are the same, and the first that is not."""
-    try:
-        import ctranslate2  # noqa: F401
-    except ImportError:
-        raise MTError("mt export --to ct2 needs CTranslate2: pip install -e '.[export]'") from None
-    from mt.decode.ct2 import CT2Translator
-    from mt.decode.inference import load
-    from mt.decode.translator import Translator
-
-    if quantization not in QUANTIZATIONS:
-        raise MTError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+    require_ctranslate2("ct2")
+    check_quantization(quantization)
     run_dir, out = Path(run_dir), Path(out)
     if (out / EXPORT_JSON).is_file() and not force:
         raise MTError(f"{out}: already exists (an earlier mt export: add --force to replace it)")
+    model, tok, meta = load_textbook(run_dir)
     partial = begin_directory(out, EXPORT_JSON, "choose another OUT")  # never a half-written model at `out`
-    model, tok, meta = load(run_dir, fast=False)
-    spec = ct2_spec(model, tok)
-    spec.validate()
-    spec.optimize(quantization=None if quantization == "none" else quantization)
-
     try:
-        spec.save(str(partial))
-        for f in [*Tokenizer.files(run_dir), run_dir / "config.yaml"]:  # the config: mt evaluate --split
-            if f.exists():
-                shutil.copyfile(f, partial / f.name)
-        files = [f.name for f in Tokenizer.files(run_dir) if f.suffix == ".model"]
-        src_spm, tgt_spm = (files[0], files[0]) if len(files) == 1 else (files[0], files[1])
-        info = {"exported_from": str(run_dir), "quantization": quantization, "model": meta["model"],
-                "source": meta.get("source"), "src_spm": src_spm, "tgt_spm": tgt_spm}  # fmt: skip
-        (partial / EXPORT_JSON).write_text(json.dumps(info, indent=2) + "\n")
-        text_note = (
-            "This model was trained on paper-style text (lowercased, Moses-tokenized): `mt translate` prepares "
-            "the input and restores the output the same way; the snippet above does not. "
-            if tok.src_text.mode != "raw"
-            else ""
-        )
-        (partial / "README.md").write_text(README.format(
-            name=out.name, run=run_dir, out=out, quantization=quantization, src=_lang(run_dir, "src"),
-            tgt=_lang(run_dir, "tgt"), params=sum(p.numel() for p in model.parameters()), src_spm=src_spm,
-            tgt_spm=tgt_spm, text_note=text_note,
-        ))  # fmt: skip
+        write_model_directory(run_dir, model, tok, meta, partial, quantization, readme_path=out)
         finish_directory(partial, out)
     except BaseException:
         abandon_directory(partial)
         raise
+    return check_export(model, tok, out)
+
+
+def require_ctranslate2(to: str) -> None:
+    try:
+        import ctranslate2  # noqa: F401
+    except ImportError:
+        raise MTError(f"mt export --to {to} needs CTranslate2: pip install -e '.[export]'") from None
+
+
+def check_quantization(quantization: str) -> None:
+    if quantization not in QUANTIZATIONS:
+        raise MTError(f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {quantization!r}")
+
+
+def load_textbook(run_dir: Path) -> tuple[Transformer, Tokenizer, dict]:
+    """The run's model as training ran it (the textbook modules), which the converters read."""
+    from mt.decode.inference import load
+
+    return load(run_dir, fast=False)
+
+
+def write_model_directory(
+    run_dir: Path, model: Transformer, tok: Tokenizer, meta: dict, directory: Path, quantization: str,
+    readme_path: Path,
+) -> None:  # fmt: skip
+    """Fill the existing ``directory`` with the CTranslate2 model, the run's tokenizer and
+    config, ``EXPORT_JSON`` and a README whose snippet loads it from ``readme_path``."""
+    spec = ct2_spec(model, tok)
+    spec.validate()
+    spec.optimize(quantization=None if quantization == "none" else quantization)
+    spec.save(str(directory))
+    for f in [*Tokenizer.files(run_dir), run_dir / "config.yaml"]:  # the config: mt evaluate --split
+        if f.exists():
+            shutil.copyfile(f, directory / f.name)
+    files = [f.name for f in Tokenizer.files(run_dir) if f.suffix == ".model"]
+    src_spm, tgt_spm = (files[0], files[0]) if len(files) == 1 else (files[0], files[1])
+    info = {"exported_from": str(run_dir), "quantization": quantization, "model": meta["model"],
+            "source": meta.get("source"), "src_spm": src_spm, "tgt_spm": tgt_spm}  # fmt: skip
+    (directory / EXPORT_JSON).write_text(json.dumps(info, indent=2) + "\n")
+    text_note = (
+        "This model was trained on paper-style text (lowercased, Moses-tokenized): `mt translate` prepares "
+        "the input and restores the output the same way; the snippet above does not. "
+        if tok.src_text.mode != "raw"
+        else ""
+    )
+    (directory / "README.md").write_text(README.format(
+        name=readme_path.name, run=run_dir, out=readme_path, quantization=quantization,
+        src=run_language(run_dir, "src"), tgt=run_language(run_dir, "tgt"),
+        params=sum(p.numel() for p in model.parameters()), src_spm=src_spm, tgt_spm=tgt_spm, text_note=text_note,
+    ))  # fmt: skip
+
+
+def check_export(model: Transformer, tok: Tokenizer, directory: Path) -> dict:
+    """``check_export_sentences`` for the CTranslate2 model in ``directory``."""
+    from mt.decode.ct2 import CT2Translator
+
+    return check_export_sentences(model, tok, CT2Translator(directory, beam=1).translate)
+
+
+def check_export_sentences(model: Transformer, tok: Tokenizer, theirs: Callable[[list[str]], list[str]]) -> dict:
+    """``CHECK_SENTENCES`` translated greedily by ``mt`` and by ``theirs`` (the export):
+    how many are the same, and the first that is not."""
+    from mt.decode.translator import Translator
 
     ours = Translator(model, tok, beam=1, workers=1).translate(CHECK_SENTENCES)
-    theirs = CT2Translator(out, beam=1).translate(CHECK_SENTENCES)
-    same = sum(a == b for a, b in zip(ours, theirs))
-    first = next(((s, a, b) for s, a, b in zip(CHECK_SENTENCES, ours, theirs) if a != b), None)
+    other = theirs(CHECK_SENTENCES)
+    same = sum(a == b for a, b in zip(ours, other))
+    first = next(((s, a, b) for s, a, b in zip(CHECK_SENTENCES, ours, other) if a != b), None)
     return {"sentences": len(CHECK_SENTENCES), "same": same, "first_difference": first}
 
 
-def _lang(run_dir: Path, side: str) -> str:
+def run_language(run_dir: Path, side: str) -> str:
     from mt.evaluate.scoring import run_config
 
     return run_config(run_dir).get("data", {}).get(f"{side}_lang", "?")
