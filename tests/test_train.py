@@ -42,6 +42,25 @@ def test_gradient_norm_is_logged_before_clipping(toy_run):
     assert 0 < t.clip_grad_norm < max(norms)  # early toy gradients exceed the clip: the norm is taken before clipping
 
 
+def test_tensorboard_shows_the_losses_bleu_and_learning_rate(toy_run):
+    """The TensorBoard events hold what the CSV log holds: read back with TensorBoard's own reader."""
+    try:
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    except ImportError:
+        if os.environ.get("MT_REQUIRE_EXTRAS") == "1":
+            raise
+        pytest.skip("the tensorboard extra: pip install -e '.[tensorboard]'")
+    (events,) = (toy_run / "tb").glob("version_*")
+    tb = EventAccumulator(str(events))
+    tb.Reload()
+    scalars = {tag: [e.value for e in tb.Scalars(tag)] for tag in tb.Tags()["scalars"]}
+    for tag in ("train_loss", "val_loss", "val_bleu", "lr-AdamW", "grad_norm"):
+        assert scalars.get(tag), (tag, sorted(scalars))
+    csv_bleu = [float(m["val_bleu"]) for m in metrics(toy_run) if m.get("val_bleu")]
+    assert scalars["val_bleu"] == pytest.approx(csv_bleu, abs=1e-4)
+    assert max(scalars["lr-AdamW"]) > min(scalars["lr-AdamW"]) > 0  # warmup then decay
+
+
 def test_toy_model_learns_with_rdrop(toy_data, tmp_path):
     """R-Drop runs each batch twice: half the batch keeps a step's cost. With half the sentences per
     update the toy reaches ~70 BLEU in its 600 updates (and rising) rather than the plain run's > 80."""

@@ -4,6 +4,7 @@
 <run_dir>/spm*.model            the tokenizer
 <run_dir>/checkpoints/          best.ckpt, last.ckpt and the last N step checkpoints
 <run_dir>/logs/metrics.csv      training and validation metrics
+<run_dir>/tb/version_N/         the same as TensorBoard events, where tensorboard is installed
 <run_dir>/model.safetensors     the inference model (best, or the average of the last N)
 <run_dir>/model.json            its config and the tokenizer's special ids
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import logging
 import os
 import signal
@@ -48,6 +50,18 @@ from mt.train.lit import TranslationModule
 # its own use of an API that torch has deprecated.
 logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(lambda r: "💡 Tip" not in r.getMessage())
 warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
+def loggers(run_dir: Path) -> list:
+    """The CSV log (``logs/version_N/metrics.csv``, a new N for each (resumed) run) and,
+    where ``tensorboard`` is installed, the same metrics as TensorBoard events
+    (``tb/version_N``), so that ``tensorboard --logdir runs/`` shows every run."""
+    found = [CSVLogger(run_dir, name="logs")]
+    if importlib.util.find_spec("tensorboard") is not None:
+        from lightning.pytorch.loggers import TensorBoardLogger
+
+        found.append(TensorBoardLogger(run_dir, name="tb", default_hp_metric=False))
+    return found
 
 
 class SafeCheckpointIO(TorchCheckpointIO):
@@ -355,7 +369,7 @@ def _train(cfg: Config, dm: TranslationDataModule, run_dir: Path) -> Path:
         max_time={"minutes": t.max_minutes} if t.max_minutes else None,
         gradient_clip_val=t.clip_grad_norm or None,
         accumulate_grad_batches=t.accumulate_grad_batches,
-        logger=CSVLogger(run_dir, name="logs"),  # logs/version_N/metrics.csv, a new N for each (resumed) run
+        logger=loggers(run_dir),
         callbacks=callbacks,
         plugins=[SafeCheckpointIO()],
         use_distributed_sampler=False,  # TokenBatchSampler shards by rank itself
