@@ -105,7 +105,7 @@ def test_export_argos_command_name_version_and_what_it_replaces(toy_run, tmp_pat
     args = ["export", "--model", str(toy_run), "--to", "argos", str(out), "--name", "toy-pair"]
     result = run_command(mt_cmd(*args, "--package-version", "2.1"), timeout=600)
     assert result.returncode == 0, result.stderr
-    assert "check: 6 of 6" in result.stdout and "argospm install" in result.stdout
+    assert "check: 6 of 6" in result.stdout and "install_from_path" in result.stdout
     with zipfile.ZipFile(out) as z:
         assert json.loads(z.read("toy-pair/metadata.json"))["package_version"] == "2.1"
     again = run_command(mt_cmd(*args), timeout=600)

@@ -57,6 +57,8 @@ def _perturbed(cfg: ModelConfig, seed: int = 0) -> Transformer:
         {"share_embeddings": False},
         {"tie_output": False},
         {"share_embeddings": False, "tie_output": False, "norm_first": False, "activation": "gelu"},
+        {"norm_first": False, "tie_output": False},  # Marian: shared embeddings, its own output projection
+        {"norm_first": False, "share_embeddings": False},  # Marian: the output tied to the target side
     ],
     ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default",
 )

@@ -414,7 +414,8 @@ def _run_export(args) -> None:
         source, ours, theirs = check["first_difference"]
         print(f"  first difference, {source!r}:\n    mt:{' ' * (len(engine) - 1)}{ours}\n    {engine}: {theirs}")
     if args.to == "argos":
-        print(f"install: argospm install {out} (and ARGOS_CHUNK_TYPE=SPACY to split sentences offline; docs/export.md)")
+        print(f"install: python -c \"import argostranslate.package as p; p.install_from_path('{out}')\"; "
+              "translate with ARGOS_CHUNK_TYPE=SPACY to split sentences offline (docs/export.md)")  # fmt: skip
 
 
 COMMANDS = {

@@ -60,8 +60,8 @@ package directory) and translate offline:
 
 ```bash
 export ARGOS_CHUNK_TYPE=SPACY   # split sentences with the spaCy pipeline in this package, offline
-argospm install {out}           # or: python -c "import argostranslate.package as p; p.install_from_path('{out}')"
-argos-translate --from {src} --to {tgt} "A man rides a bike."
+python -c "import argostranslate.package as p; p.install_from_path('{out}')"
+argos-translate -f {src} -t {tgt} "A man rides a bike."
 ```
 
 Sentence splitting needs `pip install spacy`. Without ARGOS_CHUNK_TYPE=SPACY,

@@ -262,15 +262,19 @@ def export_hf(run_dir: Path, out: Path, force: bool = False) -> dict:
 
 
 def translate_hf(directory: Path, lines: list[str], beam: int = 5, batch_size: int = 32) -> list[str]:
-    """``lines`` translated by the export in ``directory`` with transformers' ``generate()``."""
+    """``lines`` translated by the export in ``directory`` with transformers' ``generate()``,
+    in batches of similar lengths (as mt batches them), in the order given."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(directory)
     hf = AutoModelForSeq2SeqLM.from_pretrained(directory).eval()
-    outputs = []
-    for i in range(0, len(lines), batch_size):
-        batch = tokenizer(lines[i : i + batch_size], return_tensors="pt", padding=True)
+    order = sorted(range(len(lines)), key=lambda i: len(lines[i]))
+    outputs: list[str] = [""] * len(lines)
+    for start in range(0, len(order), batch_size):
+        chosen = order[start : start + batch_size]
+        batch = tokenizer([lines[i] for i in chosen], return_tensors="pt", padding=True)
         with torch.no_grad():
             ids = hf.generate(**batch, num_beams=beam, do_sample=False)
-        outputs += tokenizer.batch_decode(ids, skip_special_tokens=True)
+        for i, text in zip(chosen, tokenizer.batch_decode(ids, skip_special_tokens=True)):
+            outputs[i] = text
     return outputs
