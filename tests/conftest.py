@@ -68,6 +68,37 @@ def toy_test_lines(toy_data):
     return Split(toy_data / "test").src_text[:40]
 
 
+#: every architecture option the exports must hold exactly, one at a time and all together
+ARCHITECTURE_OPTIONS = [
+    {},
+    {"norm_first": False},
+    {"positional": "learned"},
+    {"activation": "gelu"},
+    {"share_embeddings": False},
+    {"tie_output": False},
+    {"share_embeddings": False, "tie_output": False, "norm_first": False, "activation": "gelu"},
+]
+
+
+def option_id(option: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in option.items()) or "default"
+
+
+def perturbed_model(cfg, seed: int = 0):
+    """A model with every parameter moved off its initial value (layer norms too, so that
+    a swapped or missing gain or bias shows)."""
+    import torch
+
+    from mt.model.transformer import Transformer
+
+    torch.manual_seed(seed)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
 def mt_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "mt", *args]  # mt/__main__.py, as `python -m mt` runs it
 

@@ -16,7 +16,7 @@ except ImportError:
         raise
     pytest.skip("the export extra: pip install -e '.[export]'", allow_module_level=True)
 
-from conftest import mt_cmd, run_command  # noqa: E402
+from conftest import ARCHITECTURE_OPTIONS, mt_cmd, option_id, perturbed_model, run_command  # noqa: E402
 
 from mt.cli.main import main  # noqa: E402
 from mt.config import ModelConfig  # noqa: E402
@@ -25,7 +25,6 @@ from mt.decode.inference import export_model, load  # noqa: E402
 from mt.decode.translator import Translator  # noqa: E402
 from mt.errors import MTError  # noqa: E402
 from mt.export.ct2 import ct2_spec, export_ct2  # noqa: E402
-from mt.model.transformer import Transformer  # noqa: E402
 
 SENTENCES = ["the big dog sees a red bird", "a cat runs", "the small bird sees the big cat", "dogs run", ""]
 
@@ -65,37 +64,14 @@ def test_greedy_outputs_keep_their_own_length_limit(toy_run, exported):
     assert [h[0][1] for h in theirs] == pytest.approx([h[0][1] for h in ours], abs=1e-4)
 
 
-def _perturbed(cfg: ModelConfig, seed: int = 0) -> Transformer:
-    """A model with every parameter moved off its initial value (layer norms too, so that
-    a swapped or missing gain or bias shows)."""
-    torch.manual_seed(seed)
-    model = Transformer(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    return model
-
-
-@pytest.mark.parametrize(
-    "option",
-    [
-        {},
-        {"norm_first": False},
-        {"positional": "learned"},
-        {"activation": "gelu"},
-        {"share_embeddings": False},
-        {"tie_output": False},
-        {"share_embeddings": False, "tie_output": False, "norm_first": False, "activation": "gelu"},
-    ],
-    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default",
-)
+@pytest.mark.parametrize("option", ARCHITECTURE_OPTIONS, ids=option_id)
 def test_every_architecture_option_exports_exactly(toy_run, tmp_path, option):
     """CTranslate2's log-probability of each target token, given the source and the
     tokens before it, equals mt's (forward pass of the textbook model) to 1e-4."""
     _, tok, meta = load(toy_run, fast=False)
     base = meta["model"] | {"d_model": 32, "n_heads": 4, "enc_layers": 2, "dec_layers": 3, "d_ff": 48}
     cfg = ModelConfig(**(base | option))
-    model = _perturbed(cfg)
+    model = perturbed_model(cfg)
     run = tmp_path / "run"
     run.mkdir()
     export_model(model, toy_run, run)

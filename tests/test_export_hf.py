@@ -16,7 +16,7 @@ except ImportError:
         raise
     pytest.skip("the hf extra: pip install -e '.[hf]'", allow_module_level=True)
 
-from conftest import mt_cmd, run_command  # noqa: E402
+from conftest import ARCHITECTURE_OPTIONS, mt_cmd, option_id, perturbed_model, run_command  # noqa: E402
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline  # noqa: E402
 from transformers.pipelines import SUPPORTED_TASKS  # noqa: E402
 
@@ -25,7 +25,6 @@ from mt.decode.inference import export_model, load  # noqa: E402
 from mt.decode.translator import Translator  # noqa: E402
 from mt.errors import MTError  # noqa: E402
 from mt.export.hf import export_hf, hf_model, translate_hf  # noqa: E402
-from mt.model.transformer import Transformer  # noqa: E402
 
 SENTENCES = ["the big dog sees a red bird", "a cat runs", "the small bird sees the big cat", "dogs run"]
 
@@ -37,37 +36,21 @@ def exported(toy_run, tmp_path_factory):
     return out, check
 
 
-def _perturbed(cfg: ModelConfig, seed: int = 0) -> Transformer:
-    """A model with every parameter moved off its initial value (layer norms too)."""
-    torch.manual_seed(seed)
-    model = Transformer(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.1)
-    return model
-
-
 @pytest.mark.parametrize(
     "option",
     [
-        {},
-        {"norm_first": False},
-        {"positional": "learned"},
-        {"activation": "gelu"},
-        {"share_embeddings": False},
-        {"tie_output": False},
-        {"share_embeddings": False, "tie_output": False, "norm_first": False, "activation": "gelu"},
+        *ARCHITECTURE_OPTIONS,
         {"norm_first": False, "tie_output": False},  # Marian: shared embeddings, its own output projection
         {"norm_first": False, "share_embeddings": False},  # Marian: the output tied to the target side
     ],
-    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default",
+    ids=option_id,
 )
 def test_every_architecture_option_exports_exactly(toy_run, tmp_path, option):
     """transformers' log-probability of each target token, given the source and the tokens
     before it, equals mt's to 1e-4, through the saved directory and AutoModelForSeq2SeqLM."""
     _, tok, meta = load(toy_run, fast=False)
     base = meta["model"] | {"d_model": 32, "n_heads": 4, "enc_layers": 2, "dec_layers": 3, "d_ff": 48}
-    model = _perturbed(ModelConfig(**(base | option)))
+    model = perturbed_model(ModelConfig(**(base | option)))
     run = tmp_path / "run"
     run.mkdir()
     export_model(model, toy_run, run)
@@ -89,7 +72,7 @@ def test_every_architecture_option_exports_exactly(toy_run, tmp_path, option):
         )
 
 
-def test_generate_and_pipeline_translate_as_mt_does(toy_run, exported, toy_test_lines):
+def test_generate_translates_as_mt_does(toy_run, exported, toy_test_lines):
     out, check = exported
     assert check["same"] == check["sentences"] and check["first_difference"] is None
     model, tok, _ = load(toy_run)
@@ -108,8 +91,9 @@ def test_generate_and_pipeline_translate_as_mt_does(toy_run, exported, toy_test_
 def test_the_translation_pipeline_translates_as_mt_does(toy_run, exported):
     model, tok, _ = load(toy_run)
     ours = Translator(model, tok, beam=5, workers=1).translate(SENTENCES)
-    translate = pipeline("translation", model=str(exported[0]))  # beam 5: the export's generation config
-    assert [r["translation_text"] for r in translate(SENTENCES)] == ours
+    translate = pipeline("translation", model=str(exported[0]))
+    # the pipeline's own default (beam 4) overrides the export's generation config: beam 5 is asked for
+    assert [r["translation_text"] for r in translate(SENTENCES, num_beams=5)] == ours
 
 
 def test_the_tokenizer_encodes_as_mt_does(toy_run, exported, toy_test_lines):
@@ -117,6 +101,7 @@ def test_the_tokenizer_encodes_as_mt_does(toy_run, exported, toy_test_lines):
     tokenizer = AutoTokenizer.from_pretrained(exported[0])
     lines = [*toy_test_lines, "  two  spaces ", "Ünïcödé “quotes” … 😀", "x_y"]
     assert [tokenizer(line).input_ids for line in lines] == tok.encode_src(lines)
+    assert set(tokenizer(lines[0])) == {"input_ids", "attention_mask"}  # what generate() takes, in transformers 4 too
     info = json.loads((exported[0] / "mt_export.json").read_text())
     assert info["format"] == "hf" and info["architecture"] == "BlenderbotForConditionalGeneration"
 

@@ -206,11 +206,14 @@ def hf_tokenizer(run_dir: Path, tok: Tokenizer, max_positions: int):
     )  # fmt: skip
 
 
-def _generic_tokenizer_class(path: Path) -> None:
+def _portable_tokenizer_config(path: Path) -> None:
     """Name the tokenizer class that transformers 4 and 5 both load from ``tokenizer.json``
-    (transformers 5 writes its own name for it, which 4 does not know)."""
+    (transformers 5 writes its own name for it, which 4 does not know), and the inputs it
+    gives the model (else transformers 4's generic class adds ``token_type_ids``, which
+    ``generate()`` refuses)."""
     config = json.loads(path.read_text())
     config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["model_input_names"] = ["input_ids", "attention_mask"]
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
 
 
@@ -237,7 +240,7 @@ def export_hf(run_dir: Path, out: Path, force: bool = False) -> dict:
         )  # fmt: skip
         hf.save_pretrained(partial)
         hf_tokenizer(run_dir, tok, model.cfg.max_positions).save_pretrained(partial)
-        _generic_tokenizer_class(partial / "tokenizer_config.json")
+        _portable_tokenizer_config(partial / "tokenizer_config.json")
         if (run_dir / "config.yaml").exists():
             shutil.copyfile(run_dir / "config.yaml", partial / "mt_config.yaml")
         info = {"exported_from": str(run_dir), "format": "hf", "architecture": type(hf).__name__,
