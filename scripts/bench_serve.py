@@ -28,6 +28,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[2] / "shared/data/multi30k/raw/test_2016_flickr.en.gz"
@@ -65,12 +66,15 @@ def children_of(pid: int) -> list[int]:
     return [int(e.name) for e in Path("/proc").glob("[0-9]*") if (proc_stat(e.name) or [None, None])[1] == str(pid)]
 
 
-def offline(model: str, lines: list[str], beam: int, dtype: str = "auto") -> tuple[list[str], float, float]:
+def offline(
+    model: str, lines: list[str], beam: int, dtype: str = "auto", alpha: float | None = None
+) -> tuple[list[str], float, float]:
     """mt translate's translations of ``lines``, its sentences/s and its CPU ms per
     sentence (model loading excluded), on the CPU in ``dtype`` (auto or float32: float32)."""
     from mt.decode.inference import DecodingOptions, open_translator
 
-    translator, _ = open_translator([model], DecodingOptions(beam=beam, device="cpu", dtype=dtype))  # as mt serve
+    options = DecodingOptions(beam=beam, device="cpu", dtype=dtype, **({} if alpha is None else {"alpha": alpha}))
+    translator, _ = open_translator([model], options)  # as mt serve
     translator.translate(lines[:32])  # warm up, as the server is by its first requests
     start, cpu = time.perf_counter(), own_cpu()
     out = translator.translate(lines)
@@ -88,11 +92,29 @@ def p99(values: list[float]) -> float:
     return values[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan")
 
 
+def ask_mt(beam: int, alpha: float | None = None) -> Callable[[http.client.HTTPConnection, str], tuple[bool, str]]:
+    """One sentence to ``mt serve``'s /v1/translate: (answered, translation)."""
+    options = {"beam": beam} | ({"alpha": alpha} if alpha is not None else {})
+
+    def ask(conn: http.client.HTTPConnection, sentence: str) -> tuple[bool, str]:
+        conn.request("POST", "/v1/translate", json.dumps({"text": sentence, **options}),
+                     {"Content-Type": "application/json"})  # fmt: skip
+        r = conn.getresponse()
+        reply = json.loads(r.read())
+        return r.status == 200, reply["translations"][0]["text"] if r.status == 200 else ""
+
+    return ask
+
+
 def load_test(
-    port: int, lines: list[str], want: list[str], clients: int, seconds: float, beam: int, server: int | None = None
-) -> dict:
-    """``clients`` clients for ``seconds``; with the ``server``'s pid, the CPU its process
-    and its decoding processes used meanwhile, per sentence answered."""
+    port: int, lines: list[str], want: list[str], clients: int, seconds: float, beam: int, server: int | None = None,
+    ask: Callable[[http.client.HTTPConnection, str], tuple[bool, str]] | None = None, health: str | None = "/healthz",
+) -> dict:  # fmt: skip
+    """``clients`` clients for ``seconds``, each request one sentence through ``ask``
+    (default: mt serve's API with ``beam``); with the ``server``'s pid, the CPU its
+    process and its children used meanwhile, per sentence answered; a GET of ``health``
+    every 50 ms where given."""
+    ask = ask or ask_mt(beam)
     latencies: list[float] = []
     errors = mismatches = 0
     lock = threading.Lock()
@@ -104,15 +126,11 @@ def load_test(
         for n in range(i, len(lines), clients):
             if time.perf_counter() > stop_at:
                 break
-            body = json.dumps({"text": lines[n], "beam": beam})
             t0 = time.perf_counter()
             try:
-                conn.request("POST", "/v1/translate", body, {"Content-Type": "application/json"})
-                r = conn.getresponse()
-                reply = json.loads(r.read())
-                ok = r.status == 200
-            except (OSError, ValueError, http.client.HTTPException):
-                ok, reply = False, None
+                ok, text = ask(conn, lines[n])
+            except (OSError, ValueError, KeyError, http.client.HTTPException):
+                ok, text = False, ""
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
             elapsed = time.perf_counter() - t0
@@ -121,20 +139,20 @@ def load_test(
                     errors += 1
                     continue
                 latencies.append(elapsed)
-                mismatches += reply["translations"][0]["text"] != want[n]
+                mismatches += text != want[n]
         conn.close()
 
-    health: list[float] = []
+    checks: list[float] = []
     finished = threading.Event()
 
     def probe() -> None:  # a health check every 50 ms, as a load balancer would send
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-        while True:  # the first at once: every load test gets at least one
+        while health:  # the first at once: every load test gets at least one
             t0 = time.perf_counter()
             try:
-                conn.request("GET", "/healthz")
+                conn.request("GET", health)
                 conn.getresponse().read()
-                health.append(time.perf_counter() - t0)
+                checks.append(time.perf_counter() - t0)
             except (OSError, http.client.HTTPException):
                 conn.close()
                 conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
@@ -158,7 +176,7 @@ def load_test(
     finished.set()
     prober.join()
     latencies.sort()
-    health.sort()
+    checks.sort()
     per_sentence = 1000 / max(1, len(latencies))
     used = [b - a if None not in (a, b) else float("nan") for a, b in zip(cpu_before, cpu_after)]
     return {
@@ -169,7 +187,7 @@ def load_test(
         "p99_ms": 1000 * p99(latencies),
         "errors": errors,
         "mismatches": mismatches,
-        "healthz_p99_ms": 1000 * p99(health),
+        "healthz_p99_ms": 1000 * p99(checks),
         "cpu_ms": {  # CPU milliseconds per sentence answered
             "server": used[0] * per_sentence if used else float("nan"),
             "decoding": sum(used[1:]) * per_sentence if used else float("nan"),
