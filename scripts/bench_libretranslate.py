@@ -1,6 +1,6 @@
 """mt serve beside LibreTranslate, on the same model, sentences, clients and machine.
 
-    python scripts/bench_libretranslate.py --model runs/multi30k_main [--clients 1 8 32] [--seconds 30]
+    python scripts/bench_libretranslate.py --model runs/multi30k_cpu [--clients 1 8 32] [--seconds 30]
 
 Exports the model with ``mt export --to argos``, installs the package into a
 LibreTranslate of its own (a virtual environment, ``--lt-venv``, made with
