@@ -67,7 +67,10 @@ argos-translate -f {src} -t {tgt} "A man rides a bike."
 Sentence splitting needs `pip install spacy`. Without ARGOS_CHUNK_TYPE=SPACY,
 Argos splits with MiniSBD, which downloads its model for `{src}` on first use.
 Argos decodes with beam 4 (ARGOS_BEAM_SIZE) and a length penalty of 0.2:
-`mt translate --beam 4 --alpha 0.2` gives the same output.
+`mt translate --beam 4 --alpha 0.2` gives the same output (but where Argos
+replaces an unknown piece with a source piece). LibreTranslate then gives each
+answer the source's case (all lowercase for a lowercase source) and its final
+punctuation mark.
 """
 
 

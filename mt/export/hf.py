@@ -51,15 +51,20 @@ README = """# {name}: an `mt` model for Hugging Face transformers
 as a {arch} model ({layout}).
 
 ```python
-from transformers import pipeline
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-translate = pipeline("translation", model="{out}")
-print(translate("A man rides a bike.", num_beams=5)[0]["translation_text"])
+tokenizer = AutoTokenizer.from_pretrained("{out}")
+model = AutoModelForSeq2SeqLM.from_pretrained("{out}")
+batch = tokenizer(["A man rides a bike."], return_tensors="pt", padding=True)
+print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 
 `model.generate()` starts from `<s>` and stops at `</s>`; beam search with
 `num_beams=5, length_penalty=1.0, early_stopping=True` (this directory's
-generation config) is `mt translate`'s. {text_note}
+generation config) is `mt translate`'s. transformers 4's
+`pipeline("translation", model="{out}")` translates with it too (transformers 5
+removed that pipeline); give it `num_beams=5`, as its own default of 4 wins over
+the generation config. {text_note}
 """
 
 
