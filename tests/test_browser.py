@@ -145,6 +145,20 @@ def test_the_served_page_translates_completes_and_explores(toy_run, children, pa
     page.click("#translate")
     page.wait_for_function("document.querySelectorAll('#nbest-list li').length === 3")
 
+    # split sentences (on by default): a paragraph over two lines with a blank line between comes
+    # back line for line, each sentence translated as alone, as the API's split gives it
+    page.select_option("#nbest", "1")
+    paragraph = f"{SRC}. a cat runs!\n\n{SRC}."
+    page.fill("#source", paragraph)
+    page.click("#translate")
+    page.wait_for_function("document.getElementById('status').textContent.includes('3 sentences')")
+    body = json.dumps({"text": [f"{SRC}. a cat runs!", f"{SRC}."], "split": True}).encode()
+    req = urllib.request.Request(base + "/v1/translate", body, {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        first, second = (t["text"] for t in json.loads(r.read())["translations"])
+    assert page.input_value("#target") == f"{first}\n\n{second}"
+    assert page.inner_text("#attention-pair").startswith(f"sentence 1 of 3: {SRC}.")
+
     page.fill("#source", "\u200b")  # a zero-width space: no pieces, so an empty translation, as mt translate's
     page.click("#translate")
     page.wait_for_function("document.getElementById('status').textContent.includes('nothing to translate')")

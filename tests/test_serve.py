@@ -85,6 +85,24 @@ def test_translate_equals_mt_translate(client, service):
     assert all(a[0][1] >= a[1][1] >= a[2][1] for a in got)  # best first
 
 
+def test_split_translates_each_sentence_of_a_text_in_place(client, service):
+    """split: every sentence of each text translated as alone, joined with the text's own
+    spacing, each item listing its sentences; one translation per text, with no prefix."""
+    paragraph = f"{SENTENCES[0]}. {SENTENCES[1]}!  {SENTENCES[2]}."
+    alone = [f"{SENTENCES[0]}.", f"{SENTENCES[1]}!", f"{SENTENCES[2]}.", SENTENCES[3]]
+    want = [n[0] for n in offline(service, alone)]
+    r = client.post("/v1/translate", json={"text": [paragraph, SENTENCES[3]], "split": True, "scores": True})
+    first, second = r.json()["translations"]
+    assert first["text"] == f"{want[0][0]} {want[1][0]}  {want[2][0]}"
+    assert first["sentences"] == [{"source": s, "text": t} for s, (t, _) in zip(alone[:3], want[:3])]
+    assert first["score"] == pytest.approx(sum(score for _, score in want[:3]), abs=1e-4)
+    assert second["text"] == want[3][0] and len(second["sentences"]) == 1
+    assert texts(client.post("/v1/translate", json={"text": paragraph})) != [first["text"]]  # unsplit: one sentence
+    for extra, named in (({"n_best": 2}, "n_best"), ({"prefix": "x"}, "prefix")):
+        r = client.post("/v1/translate", json={"text": paragraph, "split": True, **extra})
+        assert r.status_code == 422 and named in r.json()["error"] and "split" in r.json()["error"]
+
+
 def test_a_prefix_is_kept_and_the_search_continues(client, service):
     (full,) = offline(service, SENTENCES[:1], beam=1)
     words = full[0][0].split()

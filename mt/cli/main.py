@@ -160,6 +160,12 @@ def _add_translate(sub) -> None:
         help="the start of each translation, one line per input line (empty = none): the search "
         "continues from it, and the output starts with it as given",
     )
+    p.add_argument(
+        "--split-sentences",
+        action="store_true",
+        help="cut each line into sentences (rules of the model's source language), translate each, and join "
+        "them back with the line's own spacing: for paragraphs. Off by default: corpora are one sentence a line",
+    )
 
 
 def _prefix_errors(translations, prefix_file: str | None):
@@ -178,9 +184,17 @@ def _run_translate(args) -> None:
     from mt.textio import atomic_output, utf8_lines
 
     stdin = args.input in (None, "-")  # -i - is standard input, as with most tools
+    split_lang = None
+    if args.split_sentences:
+        from mt.decode.inference import source_language
+
+        for option, given in (("--n-best", args.n_best > 1), ("--prefix-file", args.prefix_file)):
+            if given:
+                raise MTError(f"--split-sentences and {option}: a split line gets one translation, with no prefix")
+        split_lang = source_language(args.model[0])
     translator, _ = _translator(args)
     if args.input is None and sys.stdin.isatty():
-        _interactive(translator)
+        _interactive(translator, split_lang)
         return
     with contextlib.ExitStack() as stack:
         if not stdin:
@@ -198,7 +212,8 @@ def _run_translate(args) -> None:
             except OSError as e:
                 raise MTError(f"--prefix-file {args.prefix_file}: {e.strerror}") from None
         out = stack.enter_context(atomic_output(args.output)) if args.output not in (None, "-") else sys.stdout
-        translations = translator.stream(lines, chunk=1000, n_best=args.n_best, prefixes=prefixes)
+        translations = translator.stream(lines, chunk=1000, n_best=args.n_best, prefixes=prefixes,
+                                         split_lang=split_lang)  # fmt: skip
         for n, nbest in enumerate(_prefix_errors(translations, args.prefix_file)):
             for text, score in nbest:
                 if args.n_best > 1:
@@ -209,7 +224,7 @@ def _run_translate(args) -> None:
                 out.flush()
 
 
-def _interactive(translator) -> None:
+def _interactive(translator, split_lang: str | None = None) -> None:
     print("Type a sentence and press Enter to translate it; Ctrl-D to quit.", file=sys.stderr)
     while True:
         try:
@@ -217,7 +232,7 @@ def _interactive(translator) -> None:
         except EOFError:
             print(file=sys.stderr)
             return
-        print(translator.translate([line])[0])
+        print(next(translator.stream([line], split_lang=split_lang))[0][0])
 
 
 def _add_evaluate(sub) -> None:

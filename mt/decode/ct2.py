@@ -67,16 +67,19 @@ class CT2Translator(LineTranslator):
         return [n_best[0][0] for n_best in self.translate_nbest(lines, first_line)]
 
     def translate_nbest(
-        self, lines: list[str], first_line: int = 1, n_best: int = 1, prefixes: list[str] | None = None
-    ) -> list[list[tuple[str, float]]]:
-        """Per line, its ``n_best`` (translation, score), best first; an empty line, ``n_best`` empty ones."""
+        self, lines: list[str], first_line: int = 1, n_best: int = 1, prefixes: list[str] | None = None,
+        labels: list[str] | None = None,
+    ) -> list[list[tuple[str, float]]]:  # fmt: skip
+        """Per line, its ``n_best`` (translation, score), best first; an empty line, ``n_best`` empty ones
+        (``labels``: as ``LineTranslator.translate_nbest``)."""
         if prefixes is not None and any(prefixes):
             raise MTError("prefixes (--prefix-file) need an mt run directory, not a CTranslate2 export")
         ids = self.tok.encode_src(lines)
         limit = self.max_positions
         for n, x in enumerate(ids):  # as Translator.encode: at most max_positions - 1 pieces, then EOS
             if len(x) > limit:
-                self.warn(f"line {first_line + n}: {len(x) - 1} subword tokens, truncated to {limit - 1}")
+                where = labels[n] if labels else f"line {first_line + n}"
+                self.warn(f"{where}: {len(x) - 1} subword tokens, truncated to {limit - 1}")
         todo = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))
         out: list[list[tuple[str, float]]] = [[("", 0.0)] * n_best for _ in lines]  # as Translator
         for start in range(0, len(todo), self.batch_size):
@@ -116,12 +119,12 @@ class CT2Translator(LineTranslator):
                 hypotheses[k] = ([h], [normalized(sum(result.log_probs), float(len(result.log_probs)), self.alpha)])
         return hypotheses
 
-    def stream(self, lines, chunk: int = 1000, n_best: int = 1, prefixes=None):
+    def stream(self, lines, chunk: int = 1000, n_best: int = 1, prefixes=None, split_lang: str | None = None):
         from mt.decode.translator import Translator
 
-        return Translator.stream(self, lines, chunk, n_best, prefixes)
+        return Translator.stream(self, lines, chunk, n_best, prefixes, split_lang)
 
-    def _run(self, pairs, first: int, n_best: int):
+    def _run(self, pairs, first: int, n_best: int, split_lang: str | None = None):
         from mt.decode.translator import Translator
 
-        return Translator._run(self, pairs, first, n_best)
+        return Translator._run(self, pairs, first, n_best, split_lang)

@@ -193,6 +193,17 @@ def warn_on_stderr(msg: str) -> None:
     print(f"mt: warning: {msg}", file=sys.stderr)
 
 
+def source_language(model_dir: str | Path) -> str:
+    """The source language of a run directory or an export (``data.src_lang`` in its
+    ``config.yaml``): the rules sentence splitting follows."""
+    from mt.config import load_config
+
+    path = Path(model_dir) / "config.yaml"
+    if not path.exists():
+        raise MTError(f"{model_dir}: no config.yaml, so no source language to split sentences by")
+    return load_config(path).data.src_lang
+
+
 def open_translator(models: list[str | Path], options: DecodingOptions, warn=warn_on_stderr):
     """A translator for run directories (several: an ensemble) or a CTranslate2 export,
     decoding as ``options`` say, and the (first) model's metadata. ``warn`` receives

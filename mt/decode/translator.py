@@ -18,6 +18,7 @@ from mt.config import DECODING
 from mt.data.tokenizer import Tokenizer, pad_batch
 from mt.decode.ensemble import Ensemble
 from mt.decode.search import SearchSettings, beam_search, greedy_search
+from mt.decode.sentences import split_lines
 from mt.model.transformer import Transformer
 
 T, R = TypeVar("T"), TypeVar("R")
@@ -57,16 +58,25 @@ class LineTranslator:
     lines of any length translated in chunks, in order."""
 
     def translate_nbest(
-        self, lines: list[str], first_line: int = 1, n_best: int = 1, prefixes: list[str] | None = None
-    ) -> list[list[tuple[str, float]]]:
+        self, lines: list[str], first_line: int = 1, n_best: int = 1, prefixes: list[str] | None = None,
+        labels: list[str] | None = None,
+    ) -> list[list[tuple[str, float]]]:  # fmt: skip
+        """Per line its n-best (translation, score). Warnings name line ``first_line + i``,
+        or ``labels[i]`` where given (a sentence of a split line: "line 3, sentence 2")."""
         raise NotImplementedError
 
     def stream(
-        self, lines: Iterable[str], chunk: int = 1000, n_best: int = 1, prefixes: Iterable[str] | None = None
-    ) -> Iterator[list[tuple[str, float]]]:
+        self, lines: Iterable[str], chunk: int = 1000, n_best: int = 1, prefixes: Iterable[str] | None = None,
+        split_lang: str | None = None,
+    ) -> Iterator[list[tuple[str, float]]]:  # fmt: skip
         """Per input line, in order, its n-best (translation, score); reads
         ``chunk`` lines at a time so memory stays flat on any input size.
-        ``prefixes``: one per line ('' for none), the start of its translation."""
+        ``prefixes``: one per line ('' for none), the start of its translation.
+        ``split_lang``: cut each line into sentences by that language's rules
+        (``mt.decode.sentences``), translate them, and join them back with the
+        line's own spacing; the line's score is then the sum of its sentences'."""
+        if split_lang is not None and (n_best > 1 or prefixes is not None):
+            raise ValueError("sentence splitting gives one translation per line, without prefixes")
         pairs = zip_longest(lines, prefixes, fillvalue=None) if prefixes is not None else ((x, "") for x in lines)
         buffer: list[tuple[str, str]] = []
         first = 1
@@ -77,15 +87,27 @@ class LineTranslator:
                 raise ValueError(f"fewer prefixes than input lines: none for line {n}")
             buffer.append(pair)
             if len(buffer) == chunk:
-                yield from self._run(buffer, first, n_best)
+                yield from self._run(buffer, first, n_best, split_lang)
                 first += len(buffer)
                 buffer = []
         if buffer:
-            yield from self._run(buffer, first, n_best)
+            yield from self._run(buffer, first, n_best, split_lang)
 
-    def _run(self, pairs: list[tuple[str, str]], first: int, n_best: int) -> list[list[tuple[str, float]]]:
+    def _run(
+        self, pairs: list[tuple[str, str]], first: int, n_best: int, split_lang: str | None = None
+    ) -> list[list[tuple[str, float]]]:
         lines, prefixes = zip(*pairs)
-        return self.translate_nbest(list(lines), first, n_best, list(prefixes) if any(prefixes) else None)
+        if split_lang is None:
+            return self.translate_nbest(list(lines), first, n_best, list(prefixes) if any(prefixes) else None)
+        sentences, splits = split_lines(list(lines), split_lang)
+        labels = [f"line {first + n}, sentence {k}" for n, split in enumerate(splits)
+                   for k in range(1, len(split.sentences) + 1)]  # fmt: skip
+        out = iter(self.translate_nbest(sentences, first, 1, None, labels))
+        joined = []
+        for split in splits:
+            best = [next(out)[0] for _ in split.sentences]
+            joined.append([(split.join([text for text, _ in best]), sum(score for _, score in best))])
+        return joined
 
 
 class Translator(LineTranslator):
@@ -123,12 +145,13 @@ class Translator(LineTranslator):
             return "int8"
         return str(next(self.model.parameters()).dtype).removeprefix("torch.")
 
-    def encode(self, lines: list[str], first_line: int = 1) -> list[list[int]]:
+    def encode(self, lines: list[str], first_line: int = 1, labels: list[str] | None = None) -> list[list[int]]:
         ids = self.tok.encode_src(lines)
         limit = self.model.cfg.max_positions
         for n, x in enumerate(ids):
             if len(x) > limit:
-                self.warn(f"line {first_line + n}: {len(x) - 1} subword tokens, truncated to {limit - 1}")
+                where = labels[n] if labels else f"line {first_line + n}"
+                self.warn(f"{where}: {len(x) - 1} subword tokens, truncated to {limit - 1}")
                 ids[n] = x[: limit - 1] + [self.tok.eos_id]
         return ids
 
@@ -170,11 +193,12 @@ class Translator(LineTranslator):
         return [nbest[0][0] for nbest in self.translate_nbest(lines, first_line, 1, prefixes)]
 
     def translate_nbest(
-        self, lines: list[str], first_line: int = 1, n_best: int = 1, prefixes: list[str] | None = None
-    ) -> list[list[tuple[str, float]]]:
+        self, lines: list[str], first_line: int = 1, n_best: int = 1, prefixes: list[str] | None = None,
+        labels: list[str] | None = None,
+    ) -> list[list[tuple[str, float]]]:  # fmt: skip
         """Per line its n-best (translation, score); a translation with a prefix starts with it as given."""
         fixed = self.encode_prefixes(prefixes, first_line) if prefixes else None
-        hyps = self.translate_ids(self.encode(lines, first_line), n_best, fixed)
+        hyps = self.translate_ids(self.encode(lines, first_line, labels), n_best, fixed)
         texts = iter(self.tok.decode_tgt([ids for nbest in hyps for ids, _ in nbest]))
         out = [[(next(texts), score) for _, score in nbest] for nbest in hyps]
         if prefixes:

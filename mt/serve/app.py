@@ -39,6 +39,7 @@ from starlette.exceptions import HTTPException
 
 from mt.config import DECODING
 from mt.data.tokenizer import Tokenizer
+from mt.decode.sentences import split_lines
 from mt.decode.translator import Translator
 from mt.inspect.capture import KINDS, force_decode, head_table, translate_with_attention
 from mt.inspect.plotting import explorer_data, web_asset
@@ -79,6 +80,11 @@ class TranslateRequest(BaseModel):
     scores: bool = Field(False, description="include each translation's score")
     prefix: Text | list[Text] | None = Field(
         None, description="the start of the translation (one per sentence, '' for none); the search continues from it"
+    )
+    split: bool = Field(
+        False,
+        description="cut each text into sentences (the rules of the model's source language), translate each and "
+        "join them with the text's own spacing, for paragraphs; each translation then lists its sentences",
     )
 
 
@@ -344,6 +350,8 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/translate", summary="Translate one sentence or a list, in order")
     async def translate(req: TranslateRequest, request: Request) -> dict:
         lines, prefixes, options = _check_translate(req, service)
+        if req.split:
+            return {"translations": await _translate_split(service, request, lines, options, req.scores)}
         results = await _unless_gone(request, service.batcher.translate(lines, prefixes, options, service.timeout_s))
         out = []
         for nbest in results:
@@ -395,6 +403,24 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
+async def _translate_split(service: Service, request: Request, lines: list[str], options: Options, scores: bool):
+    """Each line cut into sentences, all of them decoded together, and joined back per line
+    with its own spacing; each item lists its sentences and their translations."""
+    sentences, splits = split_lines(lines, service.info.get("src_lang") or "en")
+    work = service.batcher.translate(sentences, [""] * len(sentences), options, service.timeout_s)
+    results = iter(await _unless_gone(request, work)) if sentences else iter(())
+    source = iter(sentences)
+    out = []
+    for split in splits:
+        best = [next(results)[0] for _ in split.sentences]
+        item = {"text": split.join([text for text, _ in best]),
+                "sentences": [{"source": next(source), "text": text} for text, _ in best]}  # fmt: skip
+        if scores:
+            item["score"] = round(sum(score for _, score in best), 6)
+        out.append(item)
+    return out
+
+
 def _check_translate(req: TranslateRequest, service: Service) -> tuple[list[str], list[str], Options]:
     limits = service.limits
     single = isinstance(req.text, str)
@@ -428,6 +454,9 @@ def _check_translate(req: TranslateRequest, service: Service) -> tuple[list[str]
         raise BadRequest(f"beam must be between 1 and {limits.max_beam}, got {beam}")
     if not 1 <= req.n_best <= beam:
         raise BadRequest(f"n_best must be between 1 and the beam ({beam}), got {req.n_best}")
+    if req.split and (req.n_best > 1 or req.prefix is not None):
+        given = "n_best" if req.n_best > 1 else "prefix"
+        raise BadRequest(f"split gives one translation per text, with no prefix: {given} cannot go with it")
     alpha = service.translator.alpha if req.alpha is None else req.alpha
     if not 0 <= alpha <= DECODING.max_alpha:  # compared before float(): an int of 400 digits overflows it
         shown = alpha if len(str(alpha)) <= 20 else f"{str(alpha)[:12]}... ({len(str(alpha))} digits)"

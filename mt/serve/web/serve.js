@@ -38,6 +38,7 @@ function fillNbest() {
 async function translate(prefix) {
   const text = $("source").value.trim();
   if (!text) { say("type a sentence first", true); return; }
+  if ($("split").checked && !prefix && +$("nbest").value === 1) return translateParagraphs(text);
   const body = {text, beam: +$("beam").value, n_best: +$("nbest").value, scores: true};
   if (prefix) body.prefix = prefix;
   busy(true); say(prefix ? "completing…" : "translating…");
@@ -62,13 +63,44 @@ async function translate(prefix) {
   }
 }
 
+// Split mode: each line of the source is a text that the server cuts into sentences and
+// joins back; blank lines stay where they were. The attention shown is the first sentence's.
+async function translateParagraphs(text) {
+  const lines = text.split("\n");
+  const filled = lines.map((line, i) => [line, i]).filter(([line]) => line.trim());
+  busy(true); say("translating…");
+  const started = performance.now();
+  try {
+    const body = {text: filled.map(([line]) => line), beam: +$("beam").value, split: true};
+    const results = (await api("/v1/translate", body)).translations;
+    const out = lines.slice();
+    filled.forEach(([, i], k) => { out[i] = results[k].text; });
+    $("target").value = out.join("\n");
+    $("nbest-list").innerHTML = "";
+    const sentences = results.flatMap(r => r.sentences);
+    const first = sentences.find(s => s.text);
+    if (!first) {  // as mt translate: a text of characters the tokenizer drops has an empty translation
+      $("attention-section").hidden = true;
+      say("nothing to translate: the model keeps no piece of this text");
+      return;
+    }
+    const count = sentences.length === 1 ? "1 sentence" : `${sentences.length} sentences`;
+    say(`${((performance.now() - started) / 1000).toFixed(2)} s · ${count}`);
+    await showAttention(first.source, first.text, sentences.length > 1 ? `sentence 1 of ${sentences.length}` : "");
+  } catch (e) {
+    say(e.message, true);
+  } finally {
+    busy(false);
+  }
+}
+
 function escapeHtml(s) { const d = document.createElement("span"); d.textContent = s; return d.innerHTML; }
 
-async function showAttention(text, target) {
+async function showAttention(text, target, note = "") {
   try {
     const a = await api("/v1/attention", {text, target});
     $("attention-section").hidden = false;
-    $("attention-pair").textContent = `${text} → ${a.target}`;
+    $("attention-pair").textContent = `${note ? note + ": " : ""}${text} → ${a.target}`;
     renderExplorer($("explorer"), a.kinds);
   } catch (e) {
     say(`attention: ${e.message}`, true);
