@@ -247,12 +247,15 @@ def test_outputs_get_the_permissions_of_files_written_in_place(toy_run, tmp_path
         assert (toy_run / name).stat().st_mode & 0o7777 == new_file_mode(), name
 
 
-def test_long_line_is_truncated_with_warning(toy_run, tmp_path, capsys):
-    (tmp_path / "long.txt").write_text(" ".join(["cat"] * 200) + "\n")
-    assert main(["translate", "--model", str(toy_run), "-i", str(tmp_path / "long.txt"), "--beam", "1"]) == 0
+def test_long_line_with_n_best_is_truncated_with_warning(toy_run, tmp_path, capsys):
+    """With --n-best a line is one input: past the model's positions it is truncated, and says so
+    (one translation per line is cut into parts instead: tests/test_sentences.py)."""
+    (tmp_path / "long.txt").write_text(" ".join(["cat"] * 300) + "\n")
+    args = ["translate", "--model", str(toy_run), "-i", str(tmp_path / "long.txt"), "--beam", "2", "--n-best", "2"]
+    assert main(args) == 0
     captured = capsys.readouterr()
     assert "line 1:" in captured.err and "truncated" in captured.err
-    assert len(captured.out.splitlines()) == 1
+    assert len(captured.out.splitlines()) == 2
 
 
 def test_model_directory_errors(toy_run, tmp_path, capsys):

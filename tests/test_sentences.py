@@ -8,7 +8,7 @@ from conftest import ROOT
 
 from mt.cli.main import main
 from mt.decode.inference import load
-from mt.decode.sentences import SplitLine, join_lines, split_line, split_lines
+from mt.decode.sentences import SplitLine, cut_long, join_lines, split_line, split_lines
 from mt.decode.translator import Translator
 
 GOLD = ROOT / "tests" / "data" / "sentences"
@@ -103,3 +103,40 @@ def test_split_sentences_refuses_what_a_split_line_cannot_have(toy_run, tmp_path
         named = extra[0]
         err = capsys.readouterr().err
         assert "--split-sentences" in err and named in err and "Traceback" not in err
+
+
+def test_a_line_three_times_too_long_is_translated_in_parts(toy_run, toy_test_lines, tmp_path: Path, capsys):
+    """A line of 3x the model's positions: cut at punctuation into parts that fit, each part
+    translated as alone and every part's translation kept, in order, with the line's spacing."""
+    model, tok, _ = load(toy_run)
+    translator = Translator(model, tok, beam=1)
+    most = translator.max_source_pieces
+
+    def pieces(text: str) -> int:
+        return len(tok.encode_src([text])[0]) - 1
+
+    clauses = []
+    while pieces(", ".join(clauses)) <= 3 * most:
+        clauses.append(toy_test_lines[len(clauses) % len(toy_test_lines)])
+    line = ", ".join(clauses)
+    parts, gaps, how = cut_long(line, pieces, most)
+    assert "".join(p + g for p, g in zip(parts, gaps)) == line and how == "punctuation"
+    assert len(parts) == 4 and all(pieces(p) <= most for p in parts)
+    (tmp_path / "in.txt").write_text(f"{line}\n{clauses[0]}\n")
+    assert main(["translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "--beam", "1"]) == 0
+    captured = capsys.readouterr()
+    each = translator.translate(parts)
+    assert all(each)
+    assert captured.out.split("\n")[:-1] == [
+        "".join(t + g for t, g in zip(each, gaps)),
+        translator.translate(clauses[:1])[0],
+    ]
+    assert f"line 1: {pieces(line)} subword pieces" in captured.err and "4 parts, cut at punctuation" in captured.err
+
+
+def test_a_text_with_nowhere_to_cut_is_cut_between_characters():
+    parts, gaps, how = cut_long("abcdefghij", len, 3)
+    assert parts == ["abc", "def", "ghi", "j"] and set(gaps) == {""} and how == "characters"
+    parts, gaps, how = cut_long("a b c, d e f; g h i j", lambda t: len(t.split()), 4)
+    assert parts == ["a b c,", "d e f;", "g h i j"] and how == "punctuation"
+    assert cut_long("short", len, 10) == (["short"], [""], "")

@@ -147,7 +147,8 @@ def _add_translate(sub) -> None:
         "translate",
         help="translate text, one line in, one line out",
         description="Translate stdin (or -i) to stdout (or -o), one output line per input line, in order. "
-        "Input lines longer than the model's maximum positions are truncated, with a warning. "
+        "A line longer than the model's maximum positions is translated in parts (cut at punctuation, else "
+        "between words), with a warning; with --n-best or --prefix-file it is truncated. "
         "With --n-best K, each input gives K lines 'INDEX ||| TRANSLATION ||| SCORE' (Moses n-best format).",
     )
     _add_decoding_options(p)

@@ -63,6 +63,11 @@ class CT2Translator(LineTranslator):
             raise MTError(f"{directory}: CTranslate2 cannot load it ({e})") from None
         self.dtype_name = f"ct2-{self.translator.compute_type}"
 
+    @property
+    def max_source_pieces(self) -> int:
+        """The most source pieces the model reads (its positions, less the EOS)."""
+        return self.max_positions - 1
+
     def translate(self, lines: list[str], first_line: int = 1) -> list[str]:
         return [n_best[0][0] for n_best in self.translate_nbest(lines, first_line)]
 

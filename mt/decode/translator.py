@@ -18,7 +18,7 @@ from mt.config import DECODING
 from mt.data.tokenizer import Tokenizer, pad_batch
 from mt.decode.ensemble import Ensemble
 from mt.decode.search import SearchSettings, beam_search, greedy_search
-from mt.decode.sentences import split_lines
+from mt.decode.sentences import SplitLine, cut_long, split_lines
 from mt.model.transformer import Transformer
 
 T, R = TypeVar("T"), TypeVar("R")
@@ -74,7 +74,10 @@ class LineTranslator:
         ``prefixes``: one per line ('' for none), the start of its translation.
         ``split_lang``: cut each line into sentences by that language's rules
         (``mt.decode.sentences``), translate them, and join them back with the
-        line's own spacing; the line's score is then the sum of its sentences'."""
+        line's own spacing. With one translation per line and no prefixes, a line
+        (or sentence) longer than the model's positions is translated in parts,
+        with a warning; a line's score is then the sum of its parts'. With
+        ``n_best`` or prefixes it is truncated, with a warning."""
         if split_lang is not None and (n_best > 1 or prefixes is not None):
             raise ValueError("sentence splitting gives one translation per line, without prefixes")
         pairs = zip_longest(lines, prefixes, fillvalue=None) if prefixes is not None else ((x, "") for x in lines)
@@ -96,18 +99,53 @@ class LineTranslator:
     def _run(
         self, pairs: list[tuple[str, str]], first: int, n_best: int, split_lang: str | None = None
     ) -> list[list[tuple[str, float]]]:
+        """One chunk of ``stream``: each line (or each of its sentences, with ``split_lang``)
+        translated whole, or in parts where it is longer than the model's positions."""
         lines, prefixes = zip(*pairs)
-        if split_lang is None:
+        if n_best > 1 or any(prefixes):  # several translations, or a fixed start: the line as one input
             return self.translate_nbest(list(lines), first, n_best, list(prefixes) if any(prefixes) else None)
-        sentences, splits = split_lines(list(lines), split_lang)
-        labels = [f"line {first + n}, sentence {k}" for n, split in enumerate(splits)
-                   for k in range(1, len(split.sentences) + 1)]  # fmt: skip
-        out = iter(self.translate_nbest(sentences, first, 1, None, labels))
+        if split_lang is not None:
+            splits = split_lines(list(lines), split_lang)[1]
+        else:
+            splits = [SplitLine("", [line], [""]) for line in lines]
+        splits, labels = self._cut_long(splits, first, split_lang is not None)
+        units = [s for split in splits for s in split.sentences]
+        out = iter(self.translate_nbest(units, first, 1, None, labels))
         joined = []
         for split in splits:
             best = [next(out)[0] for _ in split.sentences]
             joined.append([(split.join([text for text, _ in best]), sum(score for _, score in best))])
         return joined
+
+    def _cut_long(self, splits: list[SplitLine], first: int, split: bool) -> tuple[list[SplitLine], list[str]]:
+        """Every sentence longer than the model's positions cut into parts that fit
+        (``mt.decode.sentences.cut_long``), with a warning; and each unit's label for warnings."""
+        most = self.max_source_pieces
+        sentences = [s for sp in splits for s in sp.sentences]
+        counts = iter([len(ids) - 1 for ids in self.tok.encode_src(sentences)])
+
+        def pieces(text: str) -> int:
+            return len(self.tok.encode_src([text])[0]) - 1
+
+        cut, labels = [], []
+        for n, sp in enumerate(splits):
+            units, gaps = [], []
+            for k, (sentence, gap) in enumerate(zip(sp.sentences, sp.gaps), 1):
+                where = f"line {first + n}" + (f", sentence {k}" if split else "")
+                count = next(counts)
+                if count <= most:
+                    units.append(sentence)
+                    gaps.append(gap)
+                    labels.append(where)
+                    continue
+                parts, part_gaps, how = cut_long(sentence, pieces, most)
+                self.warn(f"{where}: {count} subword pieces, more than the model's {most}: translated in "
+                          f"{len(parts)} parts, cut at {how}")  # fmt: skip
+                units += parts
+                gaps += [*part_gaps[:-1], gap]
+                labels += [f"{where}, part {j}" for j in range(1, len(parts) + 1)]
+            cut.append(SplitLine(sp.lead, units, gaps))
+        return cut, labels
 
 
 class Translator(LineTranslator):
@@ -137,6 +175,11 @@ class Translator(LineTranslator):
         self.workers = decoding_workers(workers, self.device)
         if self.workers < 1:
             raise ValueError(f"workers must be at least 1, got {self.workers}")
+
+    @property
+    def max_source_pieces(self) -> int:
+        """The most source pieces the model reads (its positions, less the EOS)."""
+        return self.model.cfg.max_positions - 1
 
     @property
     def dtype_name(self) -> str:
