@@ -247,6 +247,57 @@ def test_outputs_get_the_permissions_of_files_written_in_place(toy_run, tmp_path
         assert (toy_run / name).stat().st_mode & 0o7777 == new_file_mode(), name
 
 
+def _run_on_a_terminal(proc_args: list[str], children, timeout: float = 600) -> tuple[int, str]:
+    """``proc_args`` run with its stdout and stderr on a pseudo-terminal: (exit status, what it showed)."""
+    import pty
+    import select
+    import time
+
+    master, slave = pty.openpty()
+    proc = children(proc_args, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    shown, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([master], [], [], 1)[0]:
+                try:
+                    chunk = os.read(master, 1 << 16)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                shown += chunk
+            elif proc.poll() is not None:
+                break
+    finally:
+        os.close(master)
+    return proc.wait(timeout=60), shown.decode("utf-8", "replace")
+
+
+def test_a_file_written_from_a_terminal_shows_its_progress(toy_run, toy_test, tmp_path, children):
+    """On a terminal, lines done of the file's total, lines/s (and the time left while running)
+    on stderr; through pipes, nothing but the translations."""
+    lines = toy_test[0] * 6
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    args = mt_cmd("translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.txt"),
+                  "--beam", "1")  # fmt: skip
+    status, shown = _run_on_a_terminal(args, children)
+    assert status == 0, shown
+    assert f"{len(lines):,} of {len(lines):,} lines (100%)" in shown and "lines/s" in shown
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == len(lines)
+    piped = run_command(args, timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)})
+    assert piped.returncode == 0 and "lines/s" not in piped.stderr
+
+
+def test_count_lines_counts_a_last_line_without_its_newline(tmp_path):
+    from mt.cli.progress import count_lines
+
+    for text, lines in (("", 0), ("a\n", 1), ("a\nb", 2), ("a\n\n", 2), ("\n" * 3_000_000, 3_000_000)):
+        (tmp_path / "f").write_text(text)
+        assert count_lines(tmp_path / "f") == lines
+    assert count_lines(tmp_path) is None and count_lines(tmp_path / "none") is None  # a directory, nothing
+
+
 def test_long_line_with_n_best_is_truncated_with_warning(toy_run, tmp_path, capsys):
     """With --n-best a line is one input: past the model's positions it is truncated, and says so
     (one translation per line is cut into parts instead: tests/test_sentences.py)."""

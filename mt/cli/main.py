@@ -213,9 +213,17 @@ def _run_translate(args) -> None:
             except OSError as e:
                 raise MTError(f"--prefix-file {args.prefix_file}: {e.strerror}") from None
         out = stack.enter_context(atomic_output(args.output)) if args.output not in (None, "-") else sys.stdout
+        progress = None
+        if out is not sys.stdout and sys.stdout.isatty() and sys.stderr.isatty():  # a file written from a terminal
+            from mt.cli.progress import Progress, count_lines
+
+            progress = Progress(None if stdin else count_lines(args.input))
+            stack.callback(progress.close)
         translations = translator.stream(lines, chunk=1000, n_best=args.n_best, prefixes=prefixes,
                                          split_lang=split_lang)  # fmt: skip
         for n, nbest in enumerate(_prefix_errors(translations, args.prefix_file)):
+            if progress:
+                progress.update(n + 1)
             for text, score in nbest:
                 if args.n_best > 1:
                     out.write(f"{n} ||| {text} ||| {score:.4f}\n")
