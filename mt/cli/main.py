@@ -162,6 +162,13 @@ def _add_translate(sub) -> None:
         "continues from it, and the output starts with it as given",
     )
     p.add_argument(
+        "--format",
+        choices=["auto", "text", "srt"],
+        default="auto",
+        help="text: one line in, one line out; srt: SubRip subtitles, numbers and timings kept, each cue's text "
+        "translated and wrapped again; auto (default): srt when -i ends in .srt",
+    )
+    p.add_argument(
         "--split-sentences",
         action="store_true",
         help="cut each line into sentences (rules of the model's source language), translate each, and join "
@@ -193,7 +200,16 @@ def _run_translate(args) -> None:
             if given:
                 raise MTError(f"--split-sentences and {option}: a split line gets one translation, with no prefix")
         split_lang = source_language(args.model[0])
+    subtitles = args.format == "srt" or (args.format == "auto" and str(args.input or "").lower().endswith(".srt"))
+    if subtitles:
+        for option, given in (("--n-best", args.n_best > 1), ("--prefix-file", args.prefix_file),
+                              ("--scores", args.scores)):  # fmt: skip
+            if given:
+                raise MTError(f"subtitles (--format srt) and {option}: a cue gets its translation, nothing more")
     translator, _ = _translator(args)
+    if subtitles:
+        _translate_subtitles(args, translator, split_lang)
+        return
     if args.input is None and sys.stdin.isatty():
         _interactive(translator, split_lang)
         return
@@ -231,6 +247,32 @@ def _run_translate(args) -> None:
                     out.write(f"{text}\t{score:.4f}\n" if args.scores else text + "\n")
             if out is sys.stdout and n % 100 == 99:
                 out.flush()
+
+
+def _translate_subtitles(args, translator, split_lang: str | None) -> None:
+    """A SubRip file in, a SubRip file out: each cue's text translated, in the input's line endings."""
+    from mt.decode.subtitles import parse_srt, write_srt
+    from mt.textio import atomic_output
+
+    stdin = args.input in (None, "-")
+    name = "<stdin>" if stdin else args.input
+    try:
+        raw = sys.stdin.buffer.read() if stdin else Path(args.input).read_bytes()  # subtitles are small: read whole
+    except OSError as e:
+        raise MTError(f"{args.input}: {e.strerror}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise MTError(f"{name}, line {line}: not UTF-8 (byte {e.start})") from None
+    cues = parse_srt(text, name)
+    translations = [nbest[0][0] for nbest in translator.stream([c.text for c in cues], split_lang=split_lang)]
+    newline = "\r\n" if "\r\n" in text else "\n"
+    if args.output in (None, "-"):
+        sys.stdout.write(write_srt(cues, translations, newline))
+        return
+    with atomic_output(args.output, binary=True) as out:
+        out.write(write_srt(cues, translations, newline).encode("utf-8"))
 
 
 def _interactive(translator, split_lang: str | None = None) -> None:

@@ -9,7 +9,8 @@ over ``Transformer.encode / decode``, one ``beam_step`` shared with
 ``continuous``, the beam search that sentences join and leave between
 steps). ``ensemble`` averages several models' log-probabilities.
 ``sentences`` cuts a paragraph into sentences and a sentence too long for the
-model into parts, and joins their translations with the source's spacing.
+model into parts, and joins their translations with the source's spacing;
+``subtitles`` reads and writes SubRip files.
 
 The speed work lives here, applied at load time and proven equal to the
 textbook model by the tests: ``fastpath`` (oneDNN products, stacked
