@@ -30,16 +30,14 @@ import argparse
 import http.client
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from urllib.parse import urlencode
 
-from bench_serve import DEFAULT_SOURCE, ask_mt, free_port, load_test, offline, read_lines
+from bench_serve import DEFAULT_SOURCE, ask_mt, free_port, load_test, offline, read_lines, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRETRANSLATE = "libretranslate==1.9.6"  # pins argos-translate-lt 1.12.1, as its release does
@@ -54,18 +52,6 @@ def libretranslate_venv(venv: Path) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", LIBRETRANSLATE, "spacy"], check=True)
     return command
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, what: str, seconds: float = 300) -> None:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"{what} did not start (exit {proc.poll()})")
-            time.sleep(0.2)
 
 
 def ask_libretranslate(src: str, tgt: str):

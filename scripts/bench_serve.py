@@ -106,6 +106,19 @@ def ask_mt(beam: int, alpha: float | None = None) -> Callable[[http.client.HTTPC
     return ask
 
 
+def wait_for_port(port: int, proc: subprocess.Popen, what: str, seconds: float = 300) -> None:
+    """Until ``proc`` listens on ``port``; exits naming ``what`` if it ends or ``seconds`` pass first."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"{what} did not start (exit {proc.poll()})")
+            time.sleep(0.2)
+
+
 def load_test(
     port: int, lines: list[str], want: list[str], clients: int, seconds: float, beam: int, server: int | None = None,
     ask: Callable[[http.client.HTTPConnection, str], tuple[bool, str]] | None = None, health: str | None = "/healthz",
@@ -221,15 +234,7 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
     )  # fmt: skip
     try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    sys.exit("mt serve did not start")
-                time.sleep(0.2)
+        wait_for_port(port, server, "mt serve")
         load_test(port, lines[:64], want[:64], 4, 5, args.beam)  # warm up
         results = [load_test(port, lines, want, c, args.seconds, args.beam, server.pid) for c in args.clients]
     finally:

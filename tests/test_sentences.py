@@ -8,7 +8,7 @@ from conftest import ROOT
 
 from mt.cli.main import main
 from mt.decode.inference import load
-from mt.decode.sentences import SplitLine, cut_long, join_lines, split_line, split_lines
+from mt.decode.sentences import SplitLine, cut_long, per_line, split_line, split_lines
 from mt.decode.translator import Translator
 
 GOLD = ROOT / "tests" / "data" / "sentences"
@@ -66,12 +66,12 @@ def test_a_split_line_joins_back_to_itself(line):
     assert not line.strip() or split.sentences
 
 
-def test_join_lines_takes_each_line_its_own_sentences():
+def test_each_line_gets_its_own_sentences_back():
     sentences, splits = split_lines(["It rains. We stay.", "", "Go home."], "en")
     assert sentences == ["It rains.", "We stay.", "Go home."]
-    assert join_lines(["1", "2", "3"], splits) == ["1 2", "", "3"]
+    assert [split.join(line) for split, line in zip(splits, per_line(["1", "2", "3"], splits))] == ["1 2", "", "3"]
     with pytest.raises(ValueError, match="2 translations for 3 sentences"):
-        join_lines(["1", "2"], splits)
+        per_line(["1", "2"], splits)
     with pytest.raises(ValueError):
         SplitLine("", ["a"], [""]).join([])
 

@@ -123,13 +123,3 @@ class CT2Translator(LineTranslator):
             for (k, h), result in zip(cut, scored):  # log-probabilities of h's tokens and the EOS
                 hypotheses[k] = ([h], [normalized(sum(result.log_probs), float(len(result.log_probs)), self.alpha)])
         return hypotheses
-
-    def stream(self, lines, chunk: int = 1000, n_best: int = 1, prefixes=None, split_lang: str | None = None):
-        from mt.decode.translator import Translator
-
-        return Translator.stream(self, lines, chunk, n_best, prefixes, split_lang)
-
-    def _run(self, pairs, first: int, n_best: int, split_lang: str | None = None):
-        from mt.decode.translator import Translator
-
-        return Translator._run(self, pairs, first, n_best, split_lang)

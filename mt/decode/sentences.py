@@ -20,6 +20,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -70,14 +73,14 @@ def split_lines(lines: list[str], lang: str) -> tuple[list[str], list[SplitLine]
     return [s for split in splits for s in split.sentences], splits
 
 
-def join_lines(translations: list[str], splits: list[SplitLine]) -> list[str]:
-    """The inverse of ``split_lines``: per line, its sentences' translations joined."""
+def per_line(items: list[T], splits: list[SplitLine]) -> list[list[T]]:
+    """``items``, one per sentence of ``splits`` in order (their translations), grouped by line."""
     total = sum(len(split.sentences) for split in splits)
-    if len(translations) != total:
-        raise ValueError(f"{len(translations)} translations for {total} sentences")
+    if len(items) != total:
+        raise ValueError(f"{len(items)} translations for {total} sentences")
     out, start = [], 0
     for split in splits:
-        out.append(split.join(translations[start : start + len(split.sentences)]))
+        out.append(items[start : start + len(split.sentences)])
         start += len(split.sentences)
     return out
 

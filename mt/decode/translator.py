@@ -18,7 +18,7 @@ from mt.config import DECODING
 from mt.data.tokenizer import Tokenizer, pad_batch
 from mt.decode.ensemble import Ensemble
 from mt.decode.search import SearchSettings, beam_search, greedy_search
-from mt.decode.sentences import SplitLine, cut_long, split_lines
+from mt.decode.sentences import SplitLine, cut_long, per_line, split_lines
 from mt.model.transformer import Transformer
 
 T, R = TypeVar("T"), TypeVar("R")
@@ -110,12 +110,9 @@ class LineTranslator:
             splits = [SplitLine("", [line], [""]) for line in lines]
         splits, labels = self._cut_long(splits, first, split_lang is not None)
         units = [s for split in splits for s in split.sentences]
-        out = iter(self.translate_nbest(units, first, 1, None, labels))
-        joined = []
-        for split in splits:
-            best = [next(out)[0] for _ in split.sentences]
-            joined.append([(split.join([text for text, _ in best]), sum(score for _, score in best))])
-        return joined
+        best = [nbest[0] for nbest in self.translate_nbest(units, first, 1, None, labels)]
+        return [[(split.join([text for text, _ in line]), sum(score for _, score in line))]
+                for split, line in zip(splits, per_line(best, splits))]  # fmt: skip
 
     def _cut_long(self, splits: list[SplitLine], first: int, split: bool) -> tuple[list[SplitLine], list[str]]:
         """Every sentence longer than the model's positions cut into parts that fit

@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException
 
 from mt.config import DECODING
 from mt.data.tokenizer import Tokenizer
-from mt.decode.sentences import split_lines
+from mt.decode.sentences import per_line, split_lines
 from mt.decode.translator import Translator
 from mt.inspect.capture import KINDS, force_decode, head_table, translate_with_attention
 from mt.inspect.plotting import explorer_data, web_asset
@@ -408,15 +408,13 @@ async def _translate_split(service: Service, request: Request, lines: list[str],
     with its own spacing; each item lists its sentences and their translations."""
     sentences, splits = split_lines(lines, service.info.get("src_lang") or "en")
     work = service.batcher.translate(sentences, [""] * len(sentences), options, service.timeout_s)
-    results = iter(await _unless_gone(request, work)) if sentences else iter(())
-    source = iter(sentences)
+    best = [(source, *nbest[0]) for source, nbest in zip(sentences, await _unless_gone(request, work))]
     out = []
-    for split in splits:
-        best = [next(results)[0] for _ in split.sentences]
-        item = {"text": split.join([text for text, _ in best]),
-                "sentences": [{"source": next(source), "text": text} for text, _ in best]}  # fmt: skip
+    for split, line in zip(splits, per_line(best, splits)):
+        item = {"text": split.join([text for _, text, _ in line]),
+                "sentences": [{"source": source, "text": text} for source, text, _ in line]}  # fmt: skip
         if scores:
-            item["score"] = round(sum(score for _, score in best), 6)
+            item["score"] = round(sum(score for _, _, score in line), 6)
         out.append(item)
     return out
 
