@@ -229,6 +229,15 @@ class DecodingDefaults:
     batch_size: int = 64  #: sentences decoded together
     max_len_a: float = 1.5  #: at most a * source_len + b output tokens
     max_len_b: int = 10
+    #: the loop guard: no output holds an n-gram of up to ``loop_ngram`` pieces more
+    #: than R + ``loop_margin`` times in a row, R being the most times any n-gram comes
+    #: in a row in its source (so "no no no no" may become "nein nein nein nein", and a
+    #: sentence without repeats gets at most 3 copies in a row). The token that would go
+    #: past that is ruled out while the output is shorter than its source (a stutter,
+    #: which models recover from), and the output ends there once it is as long (a loop
+    #: with nothing left to translate). None: no guard
+    loop_ngram: int = 8
+    loop_margin: int | None = 2
     dtype: str = "auto"
     #: the largest beam (and n-best) any command takes: a search holds beam x batch rows
     #: of keys and values for every layer, and beyond ~10 a wider beam rarely scores better

@@ -42,7 +42,7 @@ def test_the_export_translates_as_mt_does(toy_run, exported, toy_test_lines):
     model, tok, _ = load(toy_run)
     lines = toy_test_lines + SENTENCES
     for beam in (1, 5):
-        ours = Translator(model, tok, beam=beam, workers=1).translate(lines)
+        ours = Translator(model, tok, beam=beam, workers=1, loop_margin=None).translate(lines)
         theirs = CT2Translator(out, beam=beam).translate(lines)
         assert theirs == ours, [(a, b) for a, b in zip(ours, theirs) if a != b][:3]
     assert theirs[-1] == ""  # an empty line stays empty
@@ -57,7 +57,7 @@ def test_greedy_outputs_keep_their_own_length_limit(toy_run, exported):
     model, tok, _ = load(toy_run)
     lines = ["a cat runs", "the big dog sees a red bird and the small cat sees the old fish", "dogs run"]
     limits = {"max_len_a": 0.5, "max_len_b": 1}  # shorter than the translations: every output is cut
-    ours = Translator(model, tok, beam=1, workers=1, **limits).translate_nbest(lines)
+    ours = Translator(model, tok, beam=1, workers=1, loop_margin=None, **limits).translate_nbest(lines)
     theirs = CT2Translator(exported[0], beam=1, **limits).translate_nbest(lines)
     assert [h[0][0] for h in theirs] == [h[0][0] for h in ours]
     assert len({len(h[0][0].split()) for h in ours}) > 1  # the limits differ within the batch
@@ -110,7 +110,7 @@ def test_export_command_and_the_commands_that_decode_an_export(toy_run, exported
     # int8 weights: a translation may change, but on the toy language most stay the same (CTranslate2's
     # kernels differ by CPU: docs/results/serving-faults.md)
     model, tok, _ = load(toy_run)
-    ours = Translator(model, tok, beam=1, workers=1).translate(toy_test_lines)
+    ours = Translator(model, tok, beam=1, workers=1, loop_margin=None).translate(toy_test_lines)
     theirs = CT2Translator(target, beam=1).translate(toy_test_lines)
     assert sum(a == b for a, b in zip(ours, theirs)) >= 0.7 * len(toy_test_lines)
     assert json.loads((target / "mt_export.json").read_text())["quantization"] == "int8"

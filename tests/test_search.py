@@ -4,13 +4,25 @@ import pytest
 import torch
 
 from mt.config import ModelConfig
-from mt.decode.search import SearchSettings, arg_max, beam_search, greedy_search, top_k
+from mt.decode.continuous import ContinuousBeamSearch, Sentence
+from mt.decode.search import (
+    SearchSettings,
+    arg_max,
+    beam_search,
+    greedy_search,
+    loop_allowance,
+    repeat_runs,
+    top_k,
+)
 from mt.model.attention import KV
 from mt.model.layers import LayerCache
 from mt.model.transformer import DecoderCache, DecoderOutput, EncoderOutput, Transformer
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
-S = SearchSettings(BOS, EOS, PAD, max_len_a=1.0, max_len_b=4)
+# the search's mechanics are compared with plain references without the loop guard
+# (random models loop, and the guard changes most of their outputs); G has it
+S = SearchSettings(BOS, EOS, PAD, max_len_a=1.0, max_len_b=4, loop_margin=None)
+G = SearchSettings(BOS, EOS, PAD, max_len_a=2.0, max_len_b=12, loop_ngram=3, loop_margin=1)
 
 
 def tiny_model(vocab: int = 30, layers: int = 2, seed: int = 0) -> Transformer:
@@ -39,18 +51,41 @@ def sources(n=6, seed=1):
     return src
 
 
-def uncached_greedy(model, src):
-    """Greedy decoding that re-runs the decoder on the whole prefix at each step."""
+def copies_at_end(seq: list[int], max_n: int) -> int:
+    """The most copies of an n-gram (n <= max_n) that come in a row at the end of seq, counted one by one."""
+    best = 1
+    for n in range(1, max_n + 1):
+        c = 1
+        while len(seq) >= (c + 1) * n and seq[len(seq) - (c + 1) * n : len(seq) - c * n] == seq[len(seq) - n :]:
+            c += 1
+        best = max(best, c)
+    return best
+
+
+def uncached_greedy(model, src, s: SearchSettings = S):
+    """Greedy decoding that re-runs the decoder on the whole prefix at each step, and
+    never takes a token after which the output would end in more copies of an n-gram
+    than its source allows (``s``'s loop guard, counted by ``copies_at_end``): it takes
+    another while the output is shorter than the source (EOS aside), else EOS."""
     outs = []
     for row in src:
         row = row[row != PAD][None]
         enc = model.encode(row)
         ys = [BOS]
-        limit = int(S.max_len_a * row.size(1) + S.max_len_b)
+        limit = int(s.max_len_a * row.size(1) + s.max_len_b)
+        source = row[0].tolist()
+        if s.loop_margin is not None:
+            allowed = max(copies_at_end(source[:end], s.loop_ngram) for end in range(1, len(source) + 1))
+            allowed += s.loop_margin
         for step in range(limit):
             logits = model.decode(torch.tensor([ys]), enc).logits[0, -1]
             logits[[PAD, BOS]] = -math.inf
-            nxt = EOS if step + 1 >= limit else int(logits.argmax())
+            loops = False
+            if s.loop_margin is not None:
+                for token in set(ys[1:]):
+                    if copies_at_end(ys[1:] + [token], s.loop_ngram) > allowed:
+                        logits[token], loops = -math.inf, True
+            nxt = EOS if step + 1 >= limit or (loops and step >= len(source) - 1) else int(logits.argmax())
             if nxt == EOS:
                 break
             ys.append(nxt)
@@ -58,9 +93,65 @@ def uncached_greedy(model, src):
     return outs
 
 
-def test_cached_greedy_equals_uncached(model):
-    src = sources()
-    assert [h.tokens for h in greedy_search(model, src, S)] == uncached_greedy(model, src)
+@pytest.mark.parametrize("s", [S, G], ids=["no-guard", "guard"])
+def test_cached_greedy_equals_uncached(model, s):
+    src = sources(12)
+    assert [h.tokens for h in greedy_search(model, src, s)] == uncached_greedy(model, src, s)
+
+
+def test_repeat_runs_counts_the_copies_one_by_one():
+    rng = torch.Generator().manual_seed(0)
+    for _ in range(40):  # short rows of few distinct tokens: many runs; pad on the left (joined rows) and right
+        ids = torch.randint(4, 7, (6, 14), generator=rng)
+        ids[0, :3], ids[1, -4:], ids[2, :] = PAD, PAD, 5
+        ids[0, 3] = BOS
+        runs = repeat_runs(ids, 4, PAD)
+        for row, got in zip(ids.tolist(), runs.tolist()):
+            for end in range(1, len(row) + 1):
+                tail = row[:end]
+                if PAD in tail:  # pads never repeat: count from the last pad on
+                    tail = tail[len(tail) - tail[::-1].index(PAD) :]
+                assert got[end - 1] == (copies_at_end(tail, 4) if tail else 1), (row, end)
+
+
+def test_the_loop_guard_holds_in_every_search(model):
+    """A random model loops; with the guard, no output of greedy, beam or the continuous
+    search holds more copies of an n-gram in a row than its source allows, and the
+    continuous search gets what beam search gets."""
+    src = sources(12)
+    plain = [h.tokens for h in greedy_search(model, src, SearchSettings(**{**vars(G), "loop_margin": None}))]
+    guarded = [h.tokens for h in greedy_search(model, src, G)]
+    allowed = loop_allowance(src, G).tolist()
+    assert (
+        sum(any(copies_at_end(p[:end], G.loop_ngram) > a for end in range(len(p) + 1)) for p, a in zip(plain, allowed))
+        >= 3
+    )  # fmt: skip - without the guard, runs go past the allowance
+    for beam in (1, 4):
+        nbest = beam_search(model, src, G, beam=beam, n_best=beam)
+        for hyps, a in zip(nbest, allowed):
+            for h in hyps:
+                assert all(copies_at_end(h.tokens[:end], G.loop_ngram) <= a for end in range(len(h.tokens) + 1))
+        if beam == 1:
+            assert [h[0].tokens for h in nbest] == guarded
+        search = ContinuousBeamSearch(model, G, beam)
+        search.add([Sentence(row[row != PAD].tolist(), n_best=beam, tag=i) for i, row in enumerate(src)])
+        got = {}
+        for _ in range(100):
+            got |= {x.tag: hyps for x, hyps in search.step()}
+            if not len(search):
+                break
+        assert [[h.tokens for h in got[i]] for i in range(len(src))] == [[h.tokens for h in n] for n in nbest]
+
+
+def test_a_prefix_is_kept_whole_even_where_it_loops(model):
+    src = sources(3)
+    prefixes = [[9] * 6, [9, 10] * 4, []]  # past the guard's allowance (loop_margin 1)
+    for hyps in (
+        ([h] for h in greedy_search(model, src, G, prefixes=prefixes)),
+        beam_search(model, src, G, beam=3, prefixes=prefixes),
+    ):
+        for (h,), prefix in zip(hyps, prefixes):
+            assert h.tokens[: len(prefix)] == prefix
 
 
 def test_beam_one_equals_greedy(model):

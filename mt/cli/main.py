@@ -112,6 +112,16 @@ def _add_decoding_options(p, serve: bool = False) -> None:
         help=f"output length limit a*source_len+b (default {d.max_len_a})",
     )
     p.add_argument("--max-len-b", type=int, default=d.max_len_b, help=f"(default {d.max_len_b})")
+    p.add_argument(
+        "--loop-margin",
+        type=_loop_margin,
+        default=d.loop_margin,
+        metavar="K",
+        help=f"loop guard: no output repeats a run of up to {d.loop_ngram} subword pieces more than K times in a row "
+        "beyond the most its source repeats one: the search takes another token instead, or ends the output "
+        "once it is as long as its source; 'off' for none. "
+        f"mt's own searches only: a CTranslate2 export has no such guard (default {d.loop_margin})",
+    )
     p.add_argument("--device", default="auto", help="auto (GPU if there is one), cpu, cuda, cuda:1, ...")
     p.add_argument(
         "--workers",
@@ -133,6 +143,19 @@ def _add_decoding_options(p, serve: bool = False) -> None:
         "the float32 ones (no second model file): every linear layer where the CPU has VNNI, else the output "
         "projection alone, the one that gains there (mt/decode/int8.py). Attention and search scores stay float32.",
     )
+
+
+def _loop_margin(text: str) -> int | None:
+    """--loop-margin: a count >= 0, or off."""
+    if text == "off":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a count >= 0 or 'off', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a count >= 0 or 'off', got {value}")
+    return value
 
 
 def _translator(args):

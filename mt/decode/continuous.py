@@ -45,6 +45,8 @@ from mt.decode.search import (
     Hypothesis,
     SearchSettings,
     beam_step,
+    loop_allowance,
+    loop_guard,
     max_lengths,
     normalized,
     prefix_tensor,
@@ -98,6 +100,8 @@ class ContinuousBeamSearch:
         self.scores = torch.empty(0, self.beam, device=self.device)  # (N, W)
         self.steps = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) tokens generated so far
         self.limits = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) most tokens to generate
+        self.allowed = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) loop guard (loop_allowance)
+        self.src_len = torch.empty(0, dtype=torch.long, device=self.device)  # (N,) source pieces, EOS aside
         self.prefix: Tensor | None = None  # (N, P) prefix ids padded with -1, or None if none has one
         self.dropped: set = set()  # tags of sentences under way that leave at the next step unanswered
 
@@ -139,8 +143,11 @@ class ContinuousBeamSearch:
         s, beam, dev = self.s, self.beam, self.device
         dec = self.model.decode(self.tokens[:, -1:], self.enc, self.cache)
         at_limit = (self.limits <= self.steps + 1).repeat_interleave(beam)
-        forced = self._forced()
-        logp = step_log_probs(dec.logits[:, -1], s, at_limit, forced)
+        # the slots before a row's bos hold pad: runs end there and at its bos
+        allowed = self.allowed.repeat_interleave(beam) if s.loop_margin is not None else None
+        banned, end = loop_guard(self.tokens, allowed, (self.src_len <= self.steps).repeat_interleave(beam), s)
+        at_limit = at_limit if end is None else at_limit | end
+        logp = step_log_probs(dec.logits[:, -1], s, at_limit, self._forced(), banned)
         step = beam_step(logp, self.scores, beam, s.eos_id)
         if step.finished:
             steps = self.steps.tolist()
@@ -192,7 +199,8 @@ class ContinuousBeamSearch:
         self.sentences = [self.sentences[i] for i in kept]
         self.finished = [self.finished[i] for i in kept]
         self.enc = self.enc.index_select(keep)
-        self.steps, self.limits = self.steps[keep], self.limits[keep]
+        self.steps, self.limits, self.allowed = self.steps[keep], self.limits[keep], self.allowed[keep]
+        self.src_len = self.src_len[keep]
         if self.prefix is not None:
             self.prefix = self.prefix[keep]
 
@@ -206,6 +214,9 @@ class ContinuousBeamSearch:
         enc = self.model.encode(src)
         cache = self.model.source_cache(enc)
         limits = max_lengths(src, s, self.model.cfg.max_positions, prefix)
+        allowed = loop_allowance(src, s)
+        if allowed is None:  # no loop guard: kept in step with the sentences all the same
+            allowed = torch.zeros_like(limits)
         rows = len(new) * beam
         scores = torch.full((len(new), beam), float("-inf"), device=dev)
         scores[:, 0] = 0.0  # one live hypothesis: its first step expands it alone
@@ -235,6 +246,8 @@ class ContinuousBeamSearch:
         self.scores = torch.cat([self.scores, scores])
         self.steps = torch.cat([self.steps, torch.zeros(len(new), dtype=torch.long, device=dev)])
         self.limits = torch.cat([self.limits, limits])
+        self.allowed = torch.cat([self.allowed, allowed])
+        self.src_len = torch.cat([self.src_len, (src != s.pad_id).sum(1) - 1])
 
 
 def _pad_right(ids: Tensor, width: int) -> Tensor:

@@ -55,7 +55,8 @@ class CT2Translator(LineTranslator):
         self.beam, self.alpha, self.batch_size, self.workers = beam, alpha, batch_size, 1
         a = DECODING.max_len_a if max_len_a is None else max_len_a
         b = DECODING.max_len_b if max_len_b is None else max_len_b
-        self.settings = SearchSettings(self.tok.bos_id, self.tok.eos_id, self.tok.pad_id, a, b)
+        # CTranslate2 has no loop guard like mt's (its no_repeat_ngram_size forbids every repeated n-gram)
+        self.settings = SearchSettings(self.tok.bos_id, self.tok.eos_id, self.tok.pad_id, a, b, loop_margin=None)
         self.warn = warn or (lambda msg: None)
         try:
             self.translator = ctranslate2.Translator(str(directory), device="cpu", compute_type=compute_type)

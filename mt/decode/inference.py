@@ -137,6 +137,7 @@ class DecodingOptions:
     batch_size: int = DECODING.batch_size
     max_len_a: float = DECODING.max_len_a
     max_len_b: int = DECODING.max_len_b
+    loop_margin: int | None = DECODING.loop_margin
     device: str = "auto"
     dtype: str = DECODING.dtype
     workers: int | None = None
@@ -163,6 +164,8 @@ class DecodingOptions:
                 f"--max-len-a {a} --max-len-b {b}: the output length limit a*source_len+b needs a >= 0, b >= 0, "
                 "not both 0"
             )
+        if self.loop_margin is not None and self.loop_margin < 0:
+            raise MTError(f"--loop-margin must be at least 0 (or off), got {self.loop_margin}")
         if not 1 <= self.n_best <= self.beam:
             raise MTError(f"--n-best must be between 1 and --beam ({self.beam})")
         if self.dtype not in ("auto", "float32", "bfloat16", "int8"):
@@ -234,5 +237,8 @@ def open_translator(models: list[str | Path], options: DecodingOptions, warn=war
             "--dtype bfloat16: this CPU has no fast bfloat16 products (no AVX-512); decoding runs far slower "
             "than with --dtype float32"
         )
-    t = Translator(model, tok, o.beam, o.alpha, o.batch_size, o.max_len_a, o.max_len_b, warn=warn, workers=o.workers)
+    t = Translator(
+        model, tok, o.beam, o.alpha, o.batch_size, o.max_len_a, o.max_len_b, warn=warn, workers=o.workers,
+        loop_margin=o.loop_margin,
+    )  # fmt: skip
     return t, meta

@@ -6,7 +6,9 @@ position per step, and beam search reorders the cache by row index (the
 next step carries the reorder out as it appends). A hypothesis never
 contains pad or bos, and each sentence stops at its own EOS or at
 ``max_len_a * source_length + max_len_b`` generated tokens (EOS included);
-finished sentences leave the batch.
+finished sentences leave the batch. No hypothesis repeats an n-gram more
+times in a row than its source allows, and a loop past the source's length
+ends the hypothesis (``loop_guard``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from mt.config import DECODING
@@ -36,6 +39,66 @@ class SearchSettings:
     pad_id: int
     max_len_a: float = DECODING.max_len_a
     max_len_b: int = DECODING.max_len_b
+    loop_ngram: int = DECODING.loop_ngram
+    loop_margin: int | None = DECODING.loop_margin  # None: no loop guard
+
+
+def repeat_runs(ids: Tensor, max_n: int, pad_id: int) -> Tensor:
+    """(R, L) token ids -> (R, L): at each position, the most copies of an n-gram
+    (1 <= n <= max_n) that come in a row and end there; 1 where none repeats.
+    Pad ids never count as a repeat.
+
+    A run of c copies of an n-gram is a stretch after its first copy where each
+    token equals the one n before it, (c - 1) * n tokens long."""
+    best = torch.ones_like(ids)
+    for n in range(1, min(max_n, ids.size(1) // 2) + 1):
+        same = (ids[:, n:] == ids[:, :-n]) & (ids[:, n:] != pad_id)  # (R, L - n): token t + n is token t
+        at = torch.arange(same.size(1), device=ids.device).expand_as(same)
+        run = at - torch.where(same, -1, at).cummax(1).values  # distance to where the run last broke
+        best[:, n:] = torch.maximum(best[:, n:], 1 + run // n)
+    return best
+
+
+def loop_allowance(src: Tensor, s: SearchSettings) -> Tensor | None:
+    """src: (B, T_s) -> (B,) the most copies of an n-gram in a row each sentence's output
+    may hold (``loop_guard``); None without a loop guard."""
+    if s.loop_margin is None:
+        return None
+    return repeat_runs(src, s.loop_ngram, s.pad_id).max(1).values + s.loop_margin
+
+
+def loop_guard(
+    history: Tensor, allowed: Tensor | None, full: Tensor, s: SearchSettings
+) -> tuple[tuple[Tensor, Tensor] | None, Tensor | None]:
+    """The loop guard, for one step. history: (R, L) each row's generated tokens, the
+    newest last (pad and bos may come before a row's first: they end any run);
+    allowed: (R,) (``loop_allowance``); full: (R,) True where the row's output is
+    already as long as its source (in pieces).
+
+    A row whose next token could continue a run of copies of an n-gram past
+    ``allowed`` (the token n back, for each n) may not take that token while it is
+    shorter than its source: a model that stutters ("Salalalalal") goes on with the
+    rest of its sentence, as it often does. Once it is as long as its source, it
+    takes EOS instead: a loop with nothing left to translate. -> (banned, end):
+    (rows, tokens) those rows may not take, or None; (R,) rows that must end, or None.
+    """
+    if allowed is None or history.size(1) < int(allowed.min()):
+        return None, None  # too few tokens for any row's next one to go past its allowance
+    window = history[:, -min(history.size(1), (int(allowed.max()) + 1) * s.loop_ngram) :]  # (R, L)
+    max_n = min(s.loop_ngram, window.size(1))
+    # every n at once: earlier[:, n - 1, t] is the token n before t (pad before the window)
+    padded = F.pad(window, (max_n, 0), value=s.pad_id)
+    earlier = torch.stack([padded[:, max_n - n : padded.size(1) - n] for n in range(1, max_n + 1)], 1)
+    same = (earlier == window[:, None]) & (window[:, None] != s.pad_id)  # (R, max_n, L)
+    run = same.flip(2).cumprod(2).sum(2)  # (R, max_n): at the end of each row
+    n = torch.arange(1, max_n + 1, device=window.device)
+    over = 1 + (run + 1) // n > allowed[:, None]  # the copies if the run went on one more token
+    rows, which = over.nonzero().unbind(1)
+    tokens = window[rows, -1 - which]  # the token n back continues the run
+    ending = full[rows]
+    end = torch.zeros_like(full)
+    end[rows[ending]] = True
+    return (rows[~ending], tokens[~ending]), end
 
 
 def max_lengths(src: Tensor, s: SearchSettings, max_positions: int, prefix: Tensor | None = None) -> Tensor:
@@ -48,16 +111,32 @@ def max_lengths(src: Tensor, s: SearchSettings, max_positions: int, prefix: Tens
     return limit.clamp(1, max_positions - 1)  # bos takes a position too
 
 
-def step_log_probs(logits: Tensor, s: SearchSettings, force_eos: Tensor, forced: Tensor | None = None) -> Tensor:
+def step_log_probs(
+    logits: Tensor,
+    s: SearchSettings,
+    force_eos: Tensor,
+    forced: Tensor | None = None,
+    banned: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
     """logits: (N, V) -> log-probabilities (N, V) that never pick pad or bos, and only
     eos in rows where ``force_eos`` (N,) is set (at their length limit).
-    ``forced`` (N,): a token id that row must take (a prefix), or -1."""
+    ``forced`` (N,): a token id that row must take (a prefix), or -1.
+    ``banned``: (rows, tokens) those rows may not take (``loop_guard``); a prefix's
+    token is taken all the same."""
     logits = logits.float()
     # in place where possible: (rows, vocabulary) temporaries are a step's largest
     # allocations, and on CPU each fresh one is paid in page faults
     logp = torch.log_softmax(logits, dim=-1, out=logits if logits.is_contiguous() else None)
     logp[:, s.pad_id] = float("-inf")
     logp[:, s.bos_id] = float("-inf")
+    if banned is not None:
+        rows, tokens = banned
+        if forced is not None:  # inside its prefix, a row takes the prefix's token whatever it repeats
+            free = forced[rows] < 0
+            rows, tokens = rows[free], tokens[free]
+        logp[rows, tokens] = float("-inf")
+    if forced is not None:  # a prefix's token wins over the loop guard's EOS too
+        force_eos = force_eos & (forced < 0)
     if force_eos.any():
         eos_col = logp[:, s.eos_id].clone()
         logp[force_eos] = float("-inf")
@@ -136,6 +215,9 @@ def greedy_search(
     enc = model.encode(src)
     prefix = prefix_tensor(prefixes, b, dev)
     limits = max_lengths(src, s, model.cfg.max_positions, prefix)
+    allowed = loop_allowance(src, s)
+    src_len = (src != s.pad_id).sum(1) - 1  # pieces, without the EOS
+    span = 0 if allowed is None else (int(allowed.max()) + 1) * s.loop_ngram
     n_steps = int(limits.max())
     out = torch.full((b, n_steps), s.pad_id, dtype=torch.long, device=dev)
     log_prob = torch.zeros(b, device=dev)
@@ -146,7 +228,11 @@ def greedy_search(
     cache = DecoderCache()
     for step in range(n_steps):
         dec = model.decode(tokens, enc, cache)
-        logp = step_log_probs(dec.logits[:, -1], s, limits[sentence] <= step + 1, _forced(prefix, sentence, step))
+        at_limit = limits[sentence] <= step + 1
+        history = out[sentence, max(0, step - span) : step]  # the last tokens, all loop_guard looks at
+        banned, end = loop_guard(history, None if allowed is None else allowed[sentence], src_len[sentence] <= step, s)
+        at_limit = at_limit if end is None else at_limit | end
+        logp = step_log_probs(dec.logits[:, -1], s, at_limit, _forced(prefix, sentence, step), banned)
         best, tok = arg_max(logp)  # (N,)
         rows = sentence[live]
         out[rows, step] = tok[live]
@@ -210,6 +296,8 @@ def beam_search(
     enc = model.encode(src)
     prefix = prefix_tensor(prefixes, b, dev)
     limits = max_lengths(src, s, model.cfg.max_positions, prefix)  # (B,)
+    allowed = loop_allowance(src, s)  # (B,) or None
+    src_len = (src != s.pad_id).sum(1) - 1  # pieces, without the EOS
     sentence = torch.arange(b, device=dev)  # original index of each sentence still searching
     tokens = torch.full((b, 1), s.bos_id, dtype=torch.long, device=dev)  # (N*W, 1 + step)
     scores = torch.zeros(b, 1, device=dev)  # (N, W): N sentences left, W live beams each
@@ -219,9 +307,12 @@ def beam_search(
         n, width = scores.shape
         dec = model.decode(tokens[:, -1:], enc, cache)
         at_limit = (limits[sentence] <= step + 1).repeat_interleave(width)
+        row_allowed = None if allowed is None else allowed[sentence].repeat_interleave(width)
+        banned, end = loop_guard(tokens[:, 1:], row_allowed, (src_len[sentence] <= step).repeat_interleave(width), s)
+        at_limit = at_limit if end is None else at_limit | end
         forced = _forced(prefix, sentence, step)
         forced = forced.repeat_interleave(width) if forced is not None else None
-        logp = step_log_probs(dec.logits[:, -1], s, at_limit, forced)
+        logp = step_log_probs(dec.logits[:, -1], s, at_limit, forced, banned)
         step_out = beam_step(logp, scores, beam, s.eos_id)
         done = torch.zeros(n, dtype=torch.bool, device=dev)
         if step_out.finished:

@@ -163,10 +163,13 @@ class Translator(LineTranslator):
         max_len_b: int = DECODING.max_len_b,
         warn=None,
         workers: int | None = None,
+        loop_margin: int | None = DECODING.loop_margin,
     ):
         self.model, self.tok = model, tok
         self.beam, self.alpha, self.batch_size = beam, alpha, batch_size
-        self.settings = SearchSettings(tok.bos_id, tok.eos_id, tok.pad_id, max_len_a, max_len_b)
+        self.settings = SearchSettings(
+            tok.bos_id, tok.eos_id, tok.pad_id, max_len_a, max_len_b, loop_margin=loop_margin
+        )
         self.device = next(model.parameters()).device
         self.warn = warn or (lambda msg: None)
         self.workers = decoding_workers(workers, self.device)

@@ -71,7 +71,14 @@ def find_paper_reference(data: dict, split: str) -> Path | None:
     return next((c for c in candidates if c.is_file()), None)
 
 
-def variant_suffix(alpha: float, dtype: str, max_len_a: float, max_len_b: int, also: Sequence[str] = ()) -> str:
+def variant_suffix(
+    alpha: float,
+    dtype: str,
+    max_len_a: float,
+    max_len_b: int,
+    also: Sequence[str] = (),
+    loop_margin: int | None = DECODING.loop_margin,
+) -> str:
     """The decoding options that differ from the defaults, for file names:
     ``.alpha0.6.bfloat16`` for ``--alpha 0.6 --dtype bfloat16``; empty for
     the defaults. ``also``: an ensemble's other members, ``.with-NAME`` each."""
@@ -80,6 +87,7 @@ def variant_suffix(alpha: float, dtype: str, max_len_a: float, max_len_b: int, a
     parts += [dtype] if dtype != DECODING.dtype else []
     default_len = (DECODING.max_len_a, DECODING.max_len_b)
     parts += [f"len{max_len_a:g}x+{max_len_b}"] if (max_len_a, max_len_b) != default_len else []
+    parts += [f"loop{'off' if loop_margin is None else loop_margin}"] if loop_margin != DECODING.loop_margin else []
     return "".join(f".{p}" for p in parts)
 
 
@@ -112,7 +120,9 @@ def evaluate(
     # the speed of this run (tokenizing and decoding, on whatever else the machine was doing)
     scores |= {"workers": translator.workers, "decode_seconds": round(seconds, 3)}
     scores |= {"sentences_per_s": round(len(hyps) / max(seconds, 1e-9), 1)}
-    scores |= {"max_len": f"{translator.settings.max_len_a:g}*src+{translator.settings.max_len_b}", "dtype": dtype}
+    settings = translator.settings
+    scores |= {"max_len": f"{settings.max_len_a:g}*src+{settings.max_len_b}", "loop_margin": settings.loop_margin}
+    scores |= {"dtype": dtype}
     scores |= {"ensemble": [str(d) for d in ensemble]} if ensemble else {}
     scores |= sacrebleu_scores(hyps, refs, lowercase=translator.tok.lowercase)
     if tok_refs is not None:
@@ -153,7 +163,7 @@ def run(args, translator: Translator) -> None:
         paper_ref = Path(args.paper_ref) if args.paper_ref else find_paper_reference(data, name)
         if paper_ref is None:
             raise MTError(f"--paper: no tokenized reference found for {name}; give --paper-ref FILE")
-    variant = variant_suffix(args.alpha, args.dtype, args.max_len_a, args.max_len_b, args.model[1:])
+    variant = variant_suffix(args.alpha, args.dtype, args.max_len_a, args.max_len_b, args.model[1:], args.loop_margin)
     members = args.model if len(args.model) > 1 else []
     scores = evaluate(translator, run_dir, sources, refs, name, data.get("tgt_lang", "de"), paper_ref, variant, members)
     print(json.dumps(scores, indent=2) if args.json else report(scores, len(members), run_dir / "eval"))
