@@ -1,6 +1,7 @@
 """Sentence splitting: the splitter on real English, German and French text, and
 ``--split-sentences``: every sentence translated, in place, with the line's spacing."""
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -105,19 +106,26 @@ def test_split_sentences_refuses_what_a_split_line_cannot_have(toy_run, tmp_path
         assert "--split-sentences" in err and named in err and "Traceback" not in err
 
 
+def piece_count(tok):
+    """text -> how many subword pieces the model reads of it (EOS aside)."""
+    return lambda text: len(tok.encode_src([text])[0]) - 1
+
+
+def too_long_clauses(tok, lines: list[str], most: int) -> list[str]:
+    """Lines that, joined with ", ", make a line of more than 3x ``most`` pieces."""
+    clauses = []
+    while piece_count(tok)(", ".join(clauses)) <= 3 * most:
+        clauses.append(lines[len(clauses) % len(lines)])
+    return clauses
+
+
 def test_a_line_three_times_too_long_is_translated_in_parts(toy_run, toy_test_lines, tmp_path: Path, capsys):
     """A line of 3x the model's positions: cut at punctuation into parts that fit, each part
     translated as alone and every part's translation kept, in order, with the line's spacing."""
     model, tok, _ = load(toy_run)
     translator = Translator(model, tok, beam=1)
     most = translator.max_source_pieces
-
-    def pieces(text: str) -> int:
-        return len(tok.encode_src([text])[0]) - 1
-
-    clauses = []
-    while pieces(", ".join(clauses)) <= 3 * most:
-        clauses.append(toy_test_lines[len(clauses) % len(toy_test_lines)])
+    pieces, clauses = piece_count(tok), too_long_clauses(tok, toy_test_lines, most)
     line = ", ".join(clauses)
     parts, gaps, how = cut_long(line, pieces, most)
     assert "".join(p + g for p, g in zip(parts, gaps)) == line and how == "punctuation"
@@ -140,3 +148,21 @@ def test_a_text_with_nowhere_to_cut_is_cut_between_characters():
     parts, gaps, how = cut_long("a b c, d e f; g h i j", lambda t: len(t.split()), 4)
     assert parts == ["a b c,", "d e f;", "g h i j"] and how == "punctuation"
     assert cut_long("short", len, 10) == (["short"], [""], "")
+
+
+def test_mt_evaluate_translates_a_too_long_line_in_parts(toy_run, toy_test_lines, tmp_path: Path, capsys):
+    """mt evaluate scores what mt translate writes: a line past the model's positions in parts."""
+    run = tmp_path / "run"  # evaluate writes into the run's eval/
+    shutil.copytree(toy_run, run, ignore=shutil.ignore_patterns("checkpoints", "logs", "eval"))
+    model, tok, _ = load(run)
+    line = ", ".join(too_long_clauses(tok, toy_test_lines, Translator(model, tok).max_source_pieces))
+    (tmp_path / "src").write_text(f"{line}\n{toy_test_lines[0]}\n")
+    (tmp_path / "ref").write_text("eins\nzwei\n")
+    assert main(["translate", "--model", str(run), "-i", str(tmp_path / "src"), "--beam", "1"]) == 0
+    want = capsys.readouterr().out
+    args = ["evaluate", "--model", str(run), "--src", str(tmp_path / "src"), "--ref", str(tmp_path / "ref")]
+    assert main([*args, "--beam", "1"]) == 0
+    err = capsys.readouterr().err
+    assert "4 parts, cut at punctuation" in err and "truncated" not in err
+    (hyp,) = (run / "eval").glob("*.hyp")
+    assert hyp.read_text() == want

@@ -13,8 +13,10 @@ import time
 import httpx
 import pytest
 from fastapi.testclient import TestClient
+from test_sentences import piece_count, too_long_clauses
 
 from mt.decode.inference import load
+from mt.decode.sentences import cut_long
 from mt.decode.translator import Translator
 from mt.serve.app import Limits, Service, create_app, model_info
 
@@ -101,6 +103,21 @@ def test_split_translates_each_sentence_of_a_text_in_place(client, service):
     for extra, named in (({"n_best": 2}, "n_best"), ({"prefix": "x"}, "prefix")):
         r = client.post("/v1/translate", json={"text": paragraph, "split": True, **extra})
         assert r.status_code == 422 and named in r.json()["error"] and "split" in r.json()["error"]
+
+
+def test_a_text_longer_than_the_model_reads_is_translated_in_parts(make_service, toy_test_lines):
+    """As mt translate: cut where it fits, every part translated, with and without split."""
+    service = make_service(Limits(max_lines=8, max_chars=20_000))
+    most = service.translator.max_source_pieces
+    line = ", ".join(too_long_clauses(service.tok, toy_test_lines, most))
+    offline = Translator(service.translator.model, service.tok, beam=5, workers=1)
+    with TestClient(create_app(service), base_url=BASE) as client:
+        for split in (None, service.info["src_lang"]):
+            ((want, _),) = next(iter(offline.stream([line], split_lang=split)))
+            (item,) = client.post("/v1/translate", json={"text": line, "split": bool(split)}).json()["translations"]
+            assert item["text"] == want
+        parts = cut_long(line, piece_count(service.tok), most)[0]
+        assert [s["source"] for s in item["sentences"]] == parts  # split: the parts are its sentences
 
 
 def test_a_prefix_is_kept_and_the_search_continues(client, service):

@@ -108,15 +108,16 @@ class LineTranslator:
             splits = split_lines(list(lines), split_lang)[1]
         else:
             splits = [SplitLine("", [line], [""]) for line in lines]
-        splits, labels = self._cut_long(splits, first, split_lang is not None)
+        splits, labels = self.cut_long(splits, first, split_lang is not None)
         units = [s for split in splits for s in split.sentences]
         best = [nbest[0] for nbest in self.translate_nbest(units, first, 1, None, labels)]
         return [[(split.join([text for text, _ in line]), sum(score for _, score in line))]
                 for split, line in zip(splits, per_line(best, splits))]  # fmt: skip
 
-    def _cut_long(self, splits: list[SplitLine], first: int, split: bool) -> tuple[list[SplitLine], list[str]]:
+    def cut_long(self, splits: list[SplitLine], first: int, split: bool) -> tuple[list[SplitLine], list[str]]:
         """Every sentence longer than the model's positions cut into parts that fit
-        (``mt.decode.sentences.cut_long``), with a warning; and each unit's label for warnings."""
+        (``mt.decode.sentences.cut_long``), with a warning naming line ``first + i`` (and
+        its sentence, if ``split``); and each unit's label for warnings."""
         most = self.max_source_pieces
         sentences = [s for sp in splits for s in sp.sentences]
         counts = iter([len(ids) - 1 for ids in self.tok.encode_src(sentences)])

@@ -113,7 +113,8 @@ def evaluate(
         if len(tok_refs) != len(sources):
             raise DataError(f"{paper_ref}: {len(tok_refs)} lines, expected {len(sources)}")
     start = time.perf_counter()
-    hyps = translator.translate(sources)
+    # as mt translate has it: a line longer than the model's positions is translated in parts
+    hyps = [n_best[0][0] for n_best in translator.stream(sources, chunk=len(sources))]
     seconds = time.perf_counter() - start
     dtype = translator.dtype_name
     scores = {"test_set": name, "sentences": len(hyps), "beam": translator.beam, "alpha": translator.alpha}

@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException
 
 from mt.config import DECODING
 from mt.data.tokenizer import Tokenizer
-from mt.decode.sentences import per_line, split_lines
+from mt.decode.sentences import SplitLine, per_line, split_lines
 from mt.decode.translator import Translator
 from mt.inspect.capture import KINDS, force_decode, head_table, translate_with_attention
 from mt.inspect.plotting import explorer_data, web_asset
@@ -350,8 +350,8 @@ def create_app(service: Service) -> FastAPI:
     @app.post("/v1/translate", summary="Translate one sentence or a list, in order")
     async def translate(req: TranslateRequest, request: Request) -> dict:
         lines, prefixes, options = _check_translate(req, service)
-        if req.split:
-            return {"translations": await _translate_split(service, request, lines, options, req.scores)}
+        if options.n_best == 1 and not any(prefixes):
+            return {"translations": await _translate_whole(service, request, lines, options, req.scores, req.split)}
         results = await _unless_gone(request, service.batcher.translate(lines, prefixes, options, service.timeout_s))
         out = []
         for nbest in results:
@@ -403,16 +403,26 @@ def create_app(service: Service) -> FastAPI:
     return app
 
 
-async def _translate_split(service: Service, request: Request, lines: list[str], options: Options, scores: bool):
-    """Each line cut into sentences, all of them decoded together, and joined back per line
-    with its own spacing; each item lists its sentences and their translations."""
-    sentences, splits = split_lines(lines, service.info.get("src_lang") or "en")
+async def _translate_whole(
+    service: Service, request: Request, lines: list[str], options: Options, scores: bool, split: bool
+) -> list[dict]:
+    """One translation per line, of all of it: with ``split``, each line cut into sentences,
+    and its items list them with their translations. A line (or sentence) longer than the
+    model's positions is translated in parts, as ``mt translate`` does (a warning in the
+    log); all are decoded together and joined back per line with the line's own spacing."""
+    if split:
+        splits = split_lines(lines, service.info.get("src_lang") or "en")[1]
+    else:
+        splits = [SplitLine("", [line], [""]) for line in lines]
+    splits = service.translator.cut_long(splits, 1, split)[0]
+    sentences = [s for sp in splits for s in sp.sentences]
     work = service.batcher.translate(sentences, [""] * len(sentences), options, service.timeout_s)
     best = [(source, *nbest[0]) for source, nbest in zip(sentences, await _unless_gone(request, work))]
     out = []
-    for split, line in zip(splits, per_line(best, splits)):
-        item = {"text": split.join([text for _, text, _ in line]),
-                "sentences": [{"source": source, "text": text} for source, text, _ in line]}  # fmt: skip
+    for sp, line in zip(splits, per_line(best, splits)):
+        item = {"text": sp.join([text for _, text, _ in line])}
+        if split:
+            item["sentences"] = [{"source": source, "text": text} for source, text, _ in line]
         if scores:
             item["score"] = round(sum(score for _, _, score in line), 6)
         out.append(item)
