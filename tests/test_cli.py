@@ -5,12 +5,13 @@ import itertools
 import math
 import os
 import re
+import signal
 import subprocess
 import threading
 
 import pytest
 import torch
-from conftest import ROOT, mt_cmd, run_command, train_args
+from conftest import ROOT, mt_cmd, run_command, train_args, wait_for
 
 import mt.decode.translator
 from mt.cli.main import main
@@ -287,6 +288,24 @@ def test_a_file_written_from_a_terminal_shows_its_progress(toy_run, toy_test, tm
     assert len((tmp_path / "out.txt").read_text().splitlines()) == len(lines)
     piped = run_command(args, timeout=600, env=os.environ | {"PYTHONPATH": str(ROOT)})
     assert piped.returncode == 0 and "lines/s" not in piped.stderr
+
+
+def test_ctrl_c_leaves_no_output_file(toy_run, toy_test_lines, tmp_path, children):
+    """Interrupted while it writes a file (paragraphs split into sentences, streamed in chunks),
+    mt translate stops with status 130 and leaves neither the output nor a temporary file.
+    (A subtitle file is written only once all its cues are translated, through the same
+    ``atomic_output``: tests/test_cli.py::test_atomic_output_on_interrupt.)"""
+    lines = [f"{a}. {b}." for a, b in zip(toy_test_lines, toy_test_lines[1:])] * 400  # minutes of work
+    (tmp_path / "in.txt").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    args = mt_cmd("translate", "--model", str(toy_run), "-i", str(tmp_path / "in.txt"), "-o", str(out / "out.txt"),
+                  "--split-sentences")  # fmt: skip
+    proc = children(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_for(lambda: any(out.iterdir()), proc, "temporary output file")  # the translation has begun
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=600) == 130, proc.stderr.read().decode()
+    assert list(out.iterdir()) == []
 
 
 def test_count_lines_counts_a_last_line_without_its_newline(tmp_path):
