@@ -68,8 +68,10 @@ def test_a_split_line_joins_back_to_itself(line):
 
 
 def test_each_line_gets_its_own_sentences_back():
-    sentences, splits = split_lines(["It rains. We stay.", "", "Go home."], "en")
-    assert sentences == ["It rains.", "We stay.", "Go home."]
+    splits = split_lines(["It rains. We stay.", "", "Go home."], "en")
+    assert [s for split in splits for s in split.sentences] == ["It rains.", "We stay.", "Go home."]
+    whole = split_lines(["It rains. We stay.", ""], None)  # no language: each line is its one sentence
+    assert [split.sentences for split in whole] == [["It rains. We stay."], [""]]
     assert [split.join(line) for split, line in zip(splits, per_line(["1", "2", "3"], splits))] == ["1 2", "", "3"]
     with pytest.raises(ValueError, match="2 translations for 3 sentences"):
         per_line(["1", "2"], splits)

@@ -67,10 +67,12 @@ def split_line(line: str, lang: str) -> SplitLine:
     return SplitLine(lead, sentences, gaps)
 
 
-def split_lines(lines: list[str], lang: str) -> tuple[list[str], list[SplitLine]]:
-    """Every line's sentences, in order, one list for all; and each line's split, to join them back."""
-    splits = [split_line(line, lang) for line in lines]
-    return [s for split in splits for s in split.sentences], splits
+def split_lines(lines: list[str], lang: str | None) -> list[SplitLine]:
+    """Each line's split (``split_line``), to translate its sentences and join them back;
+    with ``lang`` None, each line whole as its one sentence."""
+    if lang is None:
+        return [SplitLine("", [line], [""]) for line in lines]
+    return [split_line(line, lang) for line in lines]
 
 
 def per_line(items: list[T], splits: list[SplitLine]) -> list[list[T]]:

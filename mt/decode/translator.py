@@ -104,11 +104,7 @@ class LineTranslator:
         lines, prefixes = zip(*pairs)
         if n_best > 1 or any(prefixes):  # several translations, or a fixed start: the line as one input
             return self.translate_nbest(list(lines), first, n_best, list(prefixes) if any(prefixes) else None)
-        if split_lang is not None:
-            splits = split_lines(list(lines), split_lang)[1]
-        else:
-            splits = [SplitLine("", [line], [""]) for line in lines]
-        splits, labels = self.cut_long(splits, first, split_lang is not None)
+        splits, labels = self.cut_long(split_lines(list(lines), split_lang), first, split_lang is not None)
         units = [s for split in splits for s in split.sentences]
         best = [nbest[0] for nbest in self.translate_nbest(units, first, 1, None, labels)]
         return [[(split.join([text for text, _ in line]), sum(score for _, score in line))]

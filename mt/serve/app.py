@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException
 
 from mt.config import DECODING
 from mt.data.tokenizer import Tokenizer
-from mt.decode.sentences import SplitLine, per_line, split_lines
+from mt.decode.sentences import per_line, split_lines
 from mt.decode.translator import Translator
 from mt.inspect.capture import KINDS, force_decode, head_table, translate_with_attention
 from mt.inspect.plotting import explorer_data, web_asset
@@ -410,11 +410,8 @@ async def _translate_whole(
     and its items list them with their translations. A line (or sentence) longer than the
     model's positions is translated in parts, as ``mt translate`` does (a warning in the
     log); all are decoded together and joined back per line with the line's own spacing."""
-    if split:
-        splits = split_lines(lines, service.info.get("src_lang") or "en")[1]
-    else:
-        splits = [SplitLine("", [line], [""]) for line in lines]
-    splits = service.translator.cut_long(splits, 1, split)[0]
+    lang = (service.info.get("src_lang") or "en") if split else None
+    splits = service.translator.cut_long(split_lines(lines, lang), 1, split)[0]
     sentences = [s for sp in splits for s in sp.sentences]
     work = service.batcher.translate(sentences, [""] * len(sentences), options, service.timeout_s)
     best = [(source, *nbest[0]) for source, nbest in zip(sentences, await _unless_gone(request, work))]
