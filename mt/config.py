@@ -167,6 +167,7 @@ class TrainConfig:
     lr: float = 1e-3  #: peak learning rate, reached after warmup
     warmup_steps: int = 4000
     cooldown_steps: int = 0  #: the last N of max_steps updates take the rate linearly down to 0; 0 = off
+    cooldown_minutes: float = 0.0  #: the last N of max_minutes take the rate linearly down to 0; 0 = off
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
@@ -180,6 +181,8 @@ class TrainConfig:
     keep_checkpoints: int = 5  #: the last N validation checkpoints are kept (for averaging)
     average_last: int = 0  #: average the last N checkpoints into the final model; 0 = best only
     average_choose: bool = False  #: average the last k <= average_last instead: the k of lowest validation loss
+    ema_decay: float = 0.0  #: keep an exponential moving average of the weights and export it; 0 = off
+    choose_alpha: bool = False  #: after training, choose the length penalty on validation (mt choose-alpha)
     log_every_steps: int = 50
     run_dir: str = "runs/default"
 
@@ -192,6 +195,13 @@ class TrainConfig:
             "train.cooldown_steps",
             "needs train.max_steps and cannot exceed it",
         )
+        _check(self.cooldown_minutes >= 0.0, "train.cooldown_minutes", "must be >= 0")
+        _check(
+            self.cooldown_minutes == 0 or (self.max_minutes is not None and self.cooldown_minutes <= self.max_minutes),
+            "train.cooldown_minutes",
+            "needs train.max_minutes and cannot exceed it",
+        )
+        _check(0.0 <= self.ema_decay < 1.0, "train.ema_decay", "must be in [0, 1)")
         _check(0.0 <= self.label_smoothing < 1.0, "train.label_smoothing", "must be in [0, 1)")
         _check(self.rdrop_alpha >= 0.0, "train.rdrop_alpha", "must be >= 0")
         _check(self.accumulate_grad_batches >= 1, "train.accumulate_grad_batches", "must be >= 1")
@@ -245,6 +255,8 @@ class DecodingDefaults:
     #: the largest length penalty: at 10 a hypothesis one token longer already gains more
     #: than any likely difference in log-probability, so larger values only say "longest"
     max_alpha: float = 10.0
+    #: the length penalties ``mt choose-alpha`` (and ``train.choose_alpha``) try on validation
+    choose_alphas: tuple[float, ...] = (0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
 
 
 DECODING = DecodingDefaults()

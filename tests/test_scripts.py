@@ -39,6 +39,10 @@ def test_val_windows_averages_windows_and_reports_median_throughput(tmp_path):
     assert lines[1].split()[:3] == ["1-200", "15.00", "(2)"]  # updates 100 and 200: (10 + 20) / 2
     assert lines[2].split()[:3] == ["201-300", "40.00", "(1)"]
     assert lines[3].endswith("best 40.00 at update 300, last 40.00 at update 300, median 2,000 target tokens/s")
+    command = [sys.executable, str(ROOT / "experiments" / "val_windows.py"), str(run), "--window", "200"]
+    lines = run_command([*command, "--column", "val_loss"], check=True).stdout.splitlines()
+    assert lines[1].split()[:3] == ["1-200", "2.5000", "(2)"]  # the loss: lower is better
+    assert lines[3].endswith("best 1.0000 at update 300, last 1.0000 at update 300, median 2,000 target tokens/s")
 
 
 def test_distill_trains_a_student_on_the_sources_paired_with_the_teachers_translations(tmp_path, toy_run):

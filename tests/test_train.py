@@ -22,7 +22,9 @@ from mt.decode.inference import load
 from mt.decode.translator import Translator
 from mt.model.transformer import Transformer
 from mt.train.checkpoints import average_checkpoints, step_checkpoints, validation_loss
-from mt.train.lit import inverse_sqrt
+from mt.train.ema import KEY as EMA_KEY
+from mt.train.ema import WeightEMA, ema_rate
+from mt.train.lit import inverse_sqrt, timed_cooldown
 from mt.train.run import resolve_precision
 
 
@@ -94,6 +96,92 @@ def test_training_follows_the_cooldown(toy_data, tmp_path):
     peak, plain = load_config(TOY).train.lr, inverse_sqrt(10)
     assert len(lrs) == 4 and lrs[1] == pytest.approx(peak * plain(19))  # before the cooldown: 1/sqrt(step)
     assert lrs[3] < peak * plain(39) / 5  # near the end: most of the way down to 0
+
+
+def test_timed_cooldown_follows_the_clock():
+    """train.cooldown_minutes: the update schedule until the last minutes of the budget, then linearly to 0."""
+    left = [600.0]  # seconds of the budget left
+    plain = inverse_sqrt(warmup=100)
+    cooled = timed_cooldown(plain, lambda: left[0], window=120.0)
+    assert [cooled(i) for i in range(0, 1000, 7)] == [plain(i) for i in range(0, 1000, 7)]  # long before the window
+    for seconds, share in ((120.0, 1.0), (90.0, 0.75), (30.0, 0.25), (0.0, 0.0), (-5.0, 0.0)):
+        left[0] = seconds
+        assert cooled(500) == pytest.approx(plain(500) * share)
+
+
+def test_training_cools_down_by_the_clock(toy_data, tmp_path):
+    """A run bounded by time follows the update schedule, then ends its budget with its rate near 0."""
+    args = ("train.max_steps=-1", "train.max_epochs=1000", "train.max_minutes=0.25", "train.cooldown_minutes=0.1")
+    assert main(train_args(toy_data, tmp_path / "r", *args, "train.log_every_steps=1")) == 0
+    with open(tmp_path / "r" / "logs" / "version_0" / "metrics.csv") as f:
+        rates = [(int(r["step"]), float(r["lr-AdamW"])) for r in csv.DictReader(f) if r.get("lr-AdamW")]
+    peak, plain = load_config(TOY).train.lr, inverse_sqrt(load_config(TOY).train.warmup_steps)
+    (first, first_rate), (last, last_rate) = rates[0], rates[-1]
+    assert first_rate == pytest.approx(peak * plain(first))  # seconds before the last 6 of the 15
+    assert last_rate < 0.25 * peak * plain(last)  # the last update's rate, in the last seconds
+
+
+def test_moving_average_of_the_weights():
+    """ema = d * ema + (1 - d) * weights after each optimizer update, d warming up to the decay;
+    an update-less step (accumulating gradients) changes nothing; a checkpoint carries it."""
+    from types import SimpleNamespace
+
+    module = torch.nn.Linear(3, 2)
+    trainer = SimpleNamespace(global_step=0)
+    ema = WeightEMA(0.9)
+    ema.on_train_start(trainer, module)
+    expected = {n: t.clone() for n, t in module.state_dict().items()}
+    for step in range(1, 30):
+        with torch.no_grad():
+            for p in module.parameters():
+                p.add_(torch.randn_like(p))  # the optimizer's update, in place
+        trainer.global_step = step
+        ema.on_train_batch_end(trainer, module, None, None, step)
+        ema.on_train_batch_end(trainer, module, None, None, step)  # no new update: no change
+        d = ema_rate(0.9, step)
+        for n, t in module.state_dict().items():
+            expected[n] = d * expected[n] + (1 - d) * t
+    assert ema_rate(0.9, 1) == pytest.approx(2 / 11) and ema_rate(0.9, 1000) == 0.9
+    assert all(torch.allclose(ema.state_dict_[n], expected[n], atol=1e-6) for n in expected)
+    checkpoint = {}
+    ema.on_save_checkpoint(trainer, module, checkpoint)
+    resumed = WeightEMA(0.9)
+    resumed.on_load_checkpoint(trainer, module, checkpoint)
+    resumed.on_train_start(trainer, module)
+    assert resumed.updates == 29
+    assert all(torch.equal(resumed.state_dict_[n], ema.state_dict_[n]) for n in expected)
+
+
+def test_moving_average_is_the_inference_model_and_resumes_exactly(toy_data, tmp_path, capsys):
+    """train.ema_decay: the run exports the moving average its newest checkpoint holds; a run
+    stopped and resumed exports the same weights; mt average switches between it and the checkpoints."""
+    opts = ("train.ema_decay=0.95", "train.val_every_steps=10", "train.keep_checkpoints=2", "train.average_last=2")
+    assert main(train_args(toy_data, tmp_path / "full", "train.max_steps=40", *opts)) == 0
+    assert main(train_args(toy_data, tmp_path / "split", "train.max_steps=20", *opts)) == 0
+    assert main(train_args(toy_data, tmp_path / "split", "train.max_steps=40", *opts)) == 0
+    full, split = (load_file(tmp_path / name / "model.safetensors") for name in ("full", "split"))
+    assert all(torch.equal(full[k], split[k]) for k in full)
+    saved = torch.load(tmp_path / "full" / "checkpoints" / "step=40.ckpt", weights_only=True)
+    assert saved[EMA_KEY]["updates"] == 40
+    assert all(torch.equal(v, saved[EMA_KEY]["state_dict"][f"model.{k}"]) for k, v in full.items())
+    assert not all(torch.equal(v, saved["state_dict"][f"model.{k}"]) for k, v in full.items())  # not the weights
+    source = json.loads((tmp_path / "full" / "model.json").read_text())["source"]
+    assert source.startswith("moving average of the weights (decay 0.95, 40 updates) in step=40.ckpt (validation loss ")
+    run = tmp_path / "full"
+    assert main(["average", "--model", str(run), "--last", "2"]) == 0
+    assert json.loads((run / "model.json").read_text())["source"].startswith("average of 2 checkpoints")
+    assert main(["average", "--model", str(run), "--ema"]) == 0
+    assert load_file(run / "model.safetensors").keys() == full.keys()
+    assert all(torch.equal(v, full[k]) for k, v in load_file(run / "model.safetensors").items())
+    capsys.readouterr()
+    for both_or_neither in (["--ema", "--last", "2"], []):
+        assert main(["average", "--model", str(run), *both_or_neither]) == 1
+        assert "give one of --last N" in capsys.readouterr().err
+    plain = tmp_path / "plain"
+    assert main(train_args(toy_data, plain, "train.max_steps=10", "train.val_every_steps=10")) == 0
+    capsys.readouterr()
+    assert main(["average", "--model", str(plain), "--ema"]) == 1
+    assert "holds no moving average of the weights" in capsys.readouterr().err
 
 
 def test_same_seed_same_metrics(toy_data, tmp_path):
@@ -324,6 +412,8 @@ def test_ddp_two_processes_on_cpu(toy_data, tmp_path):
         ("train.max_steps=many", "train.max_steps must be int"),
         ("model.activation=swish", "model.activation"),
         ("train.cooldown_steps=100000", "train.cooldown_steps: needs train.max_steps"),
+        ("train.cooldown_minutes=5", "train.cooldown_minutes: needs train.max_minutes"),
+        ("train.ema_decay=1", "train.ema_decay: must be in [0, 1)"),
         ("train.rdrop_alpha=-1", "train.rdrop_alpha: must be >= 0"),
         ("train.average_choose=true", "train.average_choose: needs train.average_last >= 1"),
     ],

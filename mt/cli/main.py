@@ -52,7 +52,12 @@ def _run_train(args) -> None:
 def _add_average(sub) -> None:
     p = sub.add_parser("average", help="average the last N checkpoints of a run into its inference model")
     p.add_argument("--model", required=True, help="run directory")
-    p.add_argument("--last", type=int, required=True, help="how many of the kept step checkpoints; 0 = the best one")
+    p.add_argument("--last", type=int, help="how many of the kept step checkpoints; 0 = the best one")
+    p.add_argument(
+        "--ema",
+        action="store_true",
+        help="instead, the moving average of the weights in the newest checkpoint (a run with train.ema_decay > 0)",
+    )
     p.add_argument(
         "--choose",
         action="store_true",
@@ -66,18 +71,49 @@ def _run_average(args) -> None:
     from mt.config import load_config
     from mt.train.checkpoints import export_from_checkpoints
 
-    if args.last < 0:
+    if (args.last is None) == (not args.ema):
+        raise MTError("give one of --last N (checkpoints to average) and --ema (the moving average)")
+    if args.last is not None and args.last < 0:
         raise MTError(f"--last must be >= 0 (0 = the best checkpoint), got {args.last}")
+    if args.choose and not args.last:
+        raise MTError("--choose picks how many of the last --last N checkpoints to average: give N >= 1")
     run_dir = Path(args.model)
     cfg = load_config(run_dir / "config.yaml")
     val = None
     if args.choose:
-        if args.last == 0:
-            raise MTError("--choose picks how many of the last --last N checkpoints to average: give N >= 1")
         from mt.data.batches import TranslationDataModule
 
         val = list(TranslationDataModule(cfg.data).val_dataloader())
-    print(f"inference model written: {export_from_checkpoints(cfg, run_dir, args.last, val)}")
+    source = export_from_checkpoints(cfg, run_dir, args.last or 0, val, ema=args.ema)
+    print(f"inference model written: {source}")
+
+
+def _add_choose_alpha(sub) -> None:
+    p = sub.add_parser(
+        "choose-alpha",
+        help="choose a run's length penalty on validation: the alpha of highest beam-search BLEU becomes its default",
+    )
+    p.add_argument("--model", required=True, help="run directory")
+    p.add_argument("--split", default="val", help="the split decoded for each alpha (default val)")
+    p.add_argument("--beam", type=int, default=DECODING.beam, help=f"beam size (default {DECODING.beam})")
+    p.add_argument(
+        "--alphas",
+        type=float,
+        nargs="+",
+        default=list(DECODING.choose_alphas),
+        help="the length penalties tried (default " + " ".join(f"{a:g}" for a in DECODING.choose_alphas) + ")",
+    )
+
+
+def _run_choose_alpha(args) -> None:
+    from pathlib import Path
+
+    from mt.evaluate.alpha import choose_alpha
+
+    if not 1 <= args.beam <= DECODING.max_beam:
+        raise MTError(f"--beam must be between 1 and {DECODING.max_beam}, got {args.beam}")
+    best, _ = choose_alpha(Path(args.model), args.alphas, args.split, args.beam)
+    print(f"length penalty {best:g} written to {Path(args.model) / 'model.json'}: the run's default from now on")
 
 
 def _add_decoding_options(p, serve: bool = False) -> None:
@@ -98,8 +134,9 @@ def _add_decoding_options(p, serve: bool = False) -> None:
     p.add_argument(
         "--alpha",
         type=float,
-        default=d.alpha,
-        help=f"length penalty, 0 to {d.max_alpha:g}: score / length**alpha (default {d.alpha})",
+        default=None,
+        help=f"length penalty, 0 to {d.max_alpha:g}: score / length**alpha; larger values favour longer output "
+        f"(default: the model's, chosen on validation by mt choose-alpha, else {d.alpha})",
     )
     if not serve:
         p.add_argument(
@@ -511,6 +548,7 @@ COMMANDS = {
     "prepare": (_add_prepare, _run_prepare),
     "train": (_add_train, _run_train),
     "average": (_add_average, _run_average),
+    "choose-alpha": (_add_choose_alpha, _run_choose_alpha),
     "translate": (_add_translate, _run_translate),
     "evaluate": (_add_evaluate, _run_evaluate),
     "attention": (_add_attention, _run_attention),

@@ -133,7 +133,7 @@ class DecodingOptions:
     serve`` share (their ``--help`` says what each does), with the same defaults."""
 
     beam: int = DECODING.beam
-    alpha: float = DECODING.alpha
+    alpha: float | None = None  #: None: the model's own (``default_alpha``)
     batch_size: int = DECODING.batch_size
     max_len_a: float = DECODING.max_len_a
     max_len_b: int = DECODING.max_len_b
@@ -156,7 +156,7 @@ class DecodingOptions:
                 raise MTError(f"{option} must be at least 1, got {value}")
         if not 1 <= self.beam <= DECODING.max_beam:
             raise MTError(f"--beam must be between 1 and {DECODING.max_beam}, got {self.beam}")
-        if not 0 <= self.alpha <= DECODING.max_alpha:  # NaN fails this too
+        if self.alpha is not None and not 0 <= self.alpha <= DECODING.max_alpha:  # NaN fails this too
             raise MTError(f"--alpha must be between 0 and {DECODING.max_alpha}, got {self.alpha}")
         a, b = self.max_len_a, self.max_len_b
         if not (0 <= a < math.inf and b >= 0 and a + b > 0):
@@ -207,6 +207,23 @@ def source_language(model_dir: str | Path) -> str:
     return load_config(path).data.src_lang
 
 
+def default_alpha(models: list[str | Path]) -> float:
+    """The length penalty a model decodes with unless told otherwise: the one chosen
+    for it on validation (``"decoding": {"alpha": ...}`` in a run's model.json, or in
+    an export's mt_export.json; ``mt.evaluate.alpha``), else ``DECODING.alpha``. An
+    ensemble takes ``DECODING.alpha``: each member's was chosen for it alone."""
+    if len(models) != 1:
+        return DECODING.alpha
+    directory = Path(models[0])
+    try:
+        meta = json.loads((directory / (EXPORT_JSON if is_ct2_dir(directory) else MODEL_JSON)).read_text())
+        alpha = meta["decoding"]["alpha"]
+    except (OSError, ValueError, KeyError, TypeError):  # none chosen (or unreadable: loading says so)
+        return DECODING.alpha
+    valid = isinstance(alpha, (int, float)) and not isinstance(alpha, bool) and 0 <= alpha <= DECODING.max_alpha
+    return float(alpha) if valid else DECODING.alpha
+
+
 def open_translator(models: list[str | Path], options: DecodingOptions, warn=warn_on_stderr):
     """A translator for run directories (several: an ensemble) or a CTranslate2 export,
     decoding as ``options`` say, and the (first) model's metadata. ``warn`` receives
@@ -214,13 +231,14 @@ def open_translator(models: list[str | Path], options: DecodingOptions, warn=war
     options.check()
     keep_freed_memory()  # a process that decodes: reuse freed memory (mt/decode/allocator.py)
     o = options
+    alpha = default_alpha(models) if o.alpha is None else o.alpha
     if any(is_ct2_dir(d) for d in models):
         if len(models) > 1:
             raise MTError("--model: a CTranslate2 export decodes alone, not in an ensemble")
         if o.device not in ("auto", "cpu"):
             raise MTError(f"--device {o.device}: mt decodes CTranslate2 exports on the CPU")
         compute_type = {"auto": "default"}.get(o.dtype, o.dtype)
-        t = CT2Translator(models[0], o.beam, o.alpha, o.batch_size, o.max_len_a, o.max_len_b, compute_type, warn)
+        t = CT2Translator(models[0], o.beam, alpha, o.batch_size, o.max_len_a, o.max_len_b, compute_type, warn)
         return t, t.info
     if o.dtype == "int8" and o.device not in ("auto", "cpu"):
         raise MTError(f"--dtype int8 decodes on the CPU (PyTorch's int8 kernels), not --device {o.device}")
@@ -238,7 +256,7 @@ def open_translator(models: list[str | Path], options: DecodingOptions, warn=war
             "than with --dtype float32"
         )
     t = Translator(
-        model, tok, o.beam, o.alpha, o.batch_size, o.max_len_a, o.max_len_b, warn=warn, workers=o.workers,
+        model, tok, o.beam, alpha, o.batch_size, o.max_len_a, o.max_len_b, warn=warn, workers=o.workers,
         loop_margin=o.loop_margin,
     )  # fmt: skip
     return t, meta

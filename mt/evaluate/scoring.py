@@ -13,6 +13,7 @@ import yaml
 
 from mt.config import DECODING, DataConfig
 from mt.data.corpus import ENV_DATA_DIR, read_lines
+from mt.decode.inference import default_alpha
 from mt.decode.translator import Translator
 from mt.errors import DataError, MTError
 from mt.evaluate.metrics import paper_bleu, sacrebleu_scores
@@ -72,18 +73,20 @@ def find_paper_reference(data: dict, split: str) -> Path | None:
 
 
 def variant_suffix(
-    alpha: float,
+    alpha: float | None,
     dtype: str,
     max_len_a: float,
     max_len_b: int,
     also: Sequence[str] = (),
     loop_margin: int | None = DECODING.loop_margin,
+    default_alpha: float = DECODING.alpha,
 ) -> str:
     """The decoding options that differ from the defaults, for file names:
     ``.alpha0.6.bfloat16`` for ``--alpha 0.6 --dtype bfloat16``; empty for
-    the defaults. ``also``: an ensemble's other members, ``.with-NAME`` each."""
+    the defaults. ``alpha``: None or ``default_alpha`` (the model's own) is the
+    default. ``also``: an ensemble's other members, ``.with-NAME`` each."""
     parts = [f"with-{Path(d).name}" for d in also]
-    parts += [f"alpha{alpha:g}"] if alpha != DECODING.alpha else []
+    parts += [f"alpha{alpha:g}"] if alpha is not None and alpha != default_alpha else []
     parts += [dtype] if dtype != DECODING.dtype else []
     default_len = (DECODING.max_len_a, DECODING.max_len_b)
     parts += [f"len{max_len_a:g}x+{max_len_b}"] if (max_len_a, max_len_b) != default_len else []
@@ -164,7 +167,8 @@ def run(args, translator: Translator) -> None:
         paper_ref = Path(args.paper_ref) if args.paper_ref else find_paper_reference(data, name)
         if paper_ref is None:
             raise MTError(f"--paper: no tokenized reference found for {name}; give --paper-ref FILE")
-    variant = variant_suffix(args.alpha, args.dtype, args.max_len_a, args.max_len_b, args.model[1:], args.loop_margin)
+    options = (args.alpha, args.dtype, args.max_len_a, args.max_len_b, args.model[1:], args.loop_margin)
+    variant = variant_suffix(*options, default_alpha=default_alpha(args.model))
     members = args.model if len(args.model) > 1 else []
     scores = evaluate(translator, run_dir, sources, refs, name, data.get("tgt_lang", "de"), paper_ref, variant, members)
     print(json.dumps(scores, indent=2) if args.json else report(scores, len(members), run_dir / "eval"))

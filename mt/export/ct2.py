@@ -223,6 +223,8 @@ def write_model_directory(
     src_spm, tgt_spm = (files[0], files[0]) if len(files) == 1 else (files[0], files[1])
     info = {"exported_from": str(run_dir), "quantization": quantization, "model": meta["model"],
             "source": meta.get("source"), "src_spm": src_spm, "tgt_spm": tgt_spm}  # fmt: skip
+    if "decoding" in meta:  # the length penalty chosen for the run on validation: mt decodes the export with it
+        info["decoding"] = meta["decoding"]
     (directory / EXPORT_JSON).write_text(json.dumps(info, indent=2) + "\n")
     text_note = (
         "This model was trained on paper-style text (lowercased, Moses-tokenized): `mt translate` prepares "

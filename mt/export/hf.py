@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from mt import __version__
 from mt.data.tokenizer import Tokenizer
 from mt.decode.ct2 import EXPORT_JSON
+from mt.decode.inference import default_alpha
 from mt.errors import MTError
 from mt.export.ct2 import check_export_sentences, load_textbook, run_language
 from mt.model.transformer import Transformer
@@ -60,7 +61,7 @@ print(tokenizer.batch_decode(model.generate(**batch), skip_special_tokens=True))
 ```
 
 `model.generate()` starts from `<s>` and stops at `</s>`; beam search with
-`num_beams=5, length_penalty=1.0, early_stopping=True` (this directory's
+`num_beams=5, length_penalty={alpha:g}, early_stopping=True` (this directory's
 generation config) is `mt translate`'s. transformers 4's
 `pipeline("translation", model="{out}")` translates with it too (transformers 5
 removed that pipeline); give it `num_beams=5`, as its own default of 4 wins over
@@ -236,11 +237,12 @@ def export_hf(run_dir: Path, out: Path, force: bool = False) -> dict:
         raise MTError(f"{out}: already exists (an earlier mt export: add --force to replace it)")
     model, tok, meta = load_textbook(run_dir)
     hf = hf_model(model, tok)
+    alpha = default_alpha([run_dir])  # the length penalty mt translate decodes the run with
     partial = begin_directory(out, EXPORT_JSON, "choose another OUT")
     try:
         hf.generation_config = GenerationConfig(
             decoder_start_token_id=tok.bos_id, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id,
-            pad_token_id=tok.pad_id, num_beams=5, length_penalty=1.0, early_stopping=True,
+            pad_token_id=tok.pad_id, num_beams=5, length_penalty=alpha, early_stopping=True,
             max_length=model.cfg.max_positions, forced_eos_token_id=None,
         )  # fmt: skip
         hf.save_pretrained(partial)
@@ -260,7 +262,7 @@ def export_hf(run_dir: Path, out: Path, force: bool = False) -> dict:
         (partial / "README.md").write_text(README.format(
             name=out.name, src=run_language(run_dir, "src"), tgt=run_language(run_dir, "tgt"), run=run_dir,
             out=out, arch=type(hf).__name__, params=sum(p.numel() for p in model.parameters()),
-            layout="pre-LN" if model.cfg.norm_first else "post-LN", text_note=text_note,
+            layout="pre-LN" if model.cfg.norm_first else "post-LN", text_note=text_note, alpha=alpha,
         ))  # fmt: skip
         finish_directory(partial, out)
     except BaseException:

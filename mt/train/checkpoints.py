@@ -21,6 +21,7 @@ from mt.decode.fastpath import speed_up
 from mt.decode.inference import export_model
 from mt.errors import MTError
 from mt.model.transformer import Transformer
+from mt.train.ema import ema_state_dict
 from mt.train.loss import token_loss
 
 if TYPE_CHECKING:
@@ -118,33 +119,16 @@ def choose_average(
 
 
 def export_from_checkpoints(
-    cfg: Config, run_dir: Path, average_last: int, val_batches: list[Batch] | None = None
+    cfg: Config, run_dir: Path, average_last: int, val_batches: list[Batch] | None = None, ema: bool = False
 ) -> str:
     """Write the inference model: the best checkpoint, or the mean of the last
-    N; with ``val_batches``, the mean of the last k <= N that ``choose_average`` picks."""
-    if average_last > 0:
-        paths = step_checkpoints(run_dir / "checkpoints")[-average_last:]
-        if not paths:
-            raise MTError(f"{run_dir / 'checkpoints'}: no step checkpoints (step=N.ckpt) to average")
-        if len(paths) < average_last:
-            print(
-                f"mt: warning: {run_dir / 'checkpoints'}: {average_last} checkpoints asked for, "
-                f"{len(paths)} kept; averaging those",
-                file=sys.stderr,
-            )
-        chosen = ""
-        if val_batches is None:
-            state = average_checkpoints(paths)
-        else:
-            state, k, losses = choose_average(cfg, paths, val_batches)
-            chosen = (
-                f" (the lowest validation loss of the last 1-{len(paths)}: "
-                + " ".join(f"{x:.4f}" for x in losses)
-                + ")"
-            )
-            paths = paths[-k:]
-        noun = "checkpoint" if len(paths) == 1 else "checkpoints"
-        source = f"average of {len(paths)} {noun}{chosen}: " + ", ".join(p.name for p in paths)
+    N; with ``val_batches``, the mean of the last k <= N that ``choose_average``
+    picks; with ``ema``, the moving average of the weights that the newest step
+    checkpoint holds (``train.ema_decay``), its validation loss reported."""
+    if ema:
+        state, source = _moving_average(cfg, run_dir, val_batches)
+    elif average_last > 0:
+        state, source = _checkpoint_average(cfg, run_dir, average_last, val_batches)
     else:
         best = run_dir / "checkpoints" / "best.ckpt"
         if not best.exists():
@@ -157,3 +141,42 @@ def export_from_checkpoints(
     model.load_state_dict({k.removeprefix("model."): v for k, v in state.items()})
     export_model(model, run_dir, run_dir, {"source": source})
     return source
+
+
+def _checkpoint_average(
+    cfg: Config, run_dir: Path, average_last: int, val_batches: list[Batch] | None
+) -> tuple[dict[str, torch.Tensor], str]:
+    paths = step_checkpoints(run_dir / "checkpoints")[-average_last:]
+    if not paths:
+        raise MTError(f"{run_dir / 'checkpoints'}: no step checkpoints (step=N.ckpt) to average")
+    if len(paths) < average_last:
+        print(
+            f"mt: warning: {run_dir / 'checkpoints'}: {average_last} checkpoints asked for, "
+            f"{len(paths)} kept; averaging those",
+            file=sys.stderr,
+        )
+    chosen = ""
+    if val_batches is None:
+        state = average_checkpoints(paths)
+    else:
+        state, k, losses = choose_average(cfg, paths, val_batches)
+        shown = " ".join(f"{x:.4f}" for x in losses)
+        chosen = f" (the lowest validation loss of the last 1-{len(paths)}: {shown})"
+        paths = paths[-k:]
+    noun = "checkpoint" if len(paths) == 1 else "checkpoints"
+    return state, f"average of {len(paths)} {noun}{chosen}: " + ", ".join(p.name for p in paths)
+
+
+def _moving_average(cfg: Config, run_dir: Path, val_batches: list[Batch] | None) -> tuple[dict[str, torch.Tensor], str]:
+    ckpt_dir = run_dir / "checkpoints"
+    newest_first = [*reversed(step_checkpoints(ckpt_dir)), ckpt_dir / "last.ckpt"]
+    path = next((p for p in newest_first if p.is_file()), None)
+    if path is None:
+        raise MTError(f"{ckpt_dir}: no checkpoint to read the moving average from")
+    state, decay, updates = ema_state_dict(load_checkpoint(path), path)
+    source = f"moving average of the weights (decay {decay:g}, {updates} updates) in {path.name}"
+    if val_batches is not None:
+        model = speed_up(Transformer(cfg.model))  # evaluated as mt translate runs it
+        model.load_state_dict({n.removeprefix("model."): v for n, v in state.items()})
+        source += f" (validation loss {validation_loss(model, val_batches):.4f})"
+    return state, source

@@ -9,6 +9,7 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 
 from mt.config import Config
 from mt.data.batches import Batch
@@ -37,6 +38,18 @@ def inverse_sqrt(warmup: int, cooldown: int = 0, total: int = -1):
         return rate
 
     return factor
+
+
+def timed_cooldown(factor, seconds_left, window: float):
+    """``factor`` (a schedule of the update number) scaled down linearly to 0 over
+    the last ``window`` seconds of a time budget, of which ``seconds_left()`` remain:
+    a warmup-stable-decay cooldown for a run bounded by ``train.max_minutes``, whose
+    number of updates is not known in advance."""
+
+    def cooled(step: int) -> float:
+        return factor(step) * min(1.0, max(seconds_left(), 0.0) / window)
+
+    return cooled
 
 
 class TranslationModule(L.LightningModule):
@@ -133,7 +146,12 @@ class TranslationModule(L.LightningModule):
     def configure_optimizers(self):
         t = self.cfg.train
         opt = torch.optim.AdamW(self.parameters(), lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
-        schedule = torch.optim.lr_scheduler.LambdaLR(opt, inverse_sqrt(t.warmup_steps, t.cooldown_steps, t.max_steps))
+        factor = inverse_sqrt(t.warmup_steps, t.cooldown_steps, t.max_steps)
+        if t.cooldown_minutes:
+            # Lightning's Timer enforces max_minutes and carries the time spent across resumptions
+            timer = next(c for c in self.trainer.callbacks if isinstance(c, Timer))
+            factor = timed_cooldown(factor, timer.time_remaining, 60 * t.cooldown_minutes)
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, factor)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:

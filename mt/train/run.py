@@ -39,11 +39,13 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from mt.config import Config, ConfigError
+from mt.config import DECODING, Config, ConfigError
 from mt.data.batches import TranslationDataModule
 from mt.errors import MTError, Stopped
+from mt.evaluate.alpha import choose_alpha
 from mt.hardware import bf16_speedup
 from mt.train.checkpoints import check_checkpoint, export_from_checkpoints, load_checkpoint, step_checkpoints
+from mt.train.ema import WeightEMA
 from mt.train.lit import TranslationModule
 
 # Noise a user cannot act on: Lightning's advertisement for its cloud logger, and
@@ -349,6 +351,8 @@ def _train(cfg: Config, dm: TranslationDataModule, run_dir: Path) -> Path:
         data_wait := DataWait(),
         TQDMProgressBar() if sys.stderr.isatty() else LinePrinter(t.log_every_steps * 10),
     ]
+    if t.ema_decay:
+        callbacks.append(WeightEMA(t.ema_decay))
     if t.early_stopping_patience:
         callbacks.append(EarlyStopping(monitor=monitor, mode=mode, patience=t.early_stopping_patience))
     val_every = {"val_check_interval": 1.0}
@@ -403,10 +407,13 @@ def _train(cfg: Config, dm: TranslationDataModule, run_dir: Path) -> Path:
         raise KeyboardInterrupt from None
     minutes = (time.perf_counter() - start) / 60
     if trainer.is_global_zero:
-        val = list(dm.val_dataloader()) if t.average_choose else None
-        source = export_from_checkpoints(cfg, run_dir, t.average_last, val)
+        val = list(dm.val_dataloader()) if t.average_choose or t.ema_decay else None
+        source = export_from_checkpoints(cfg, run_dir, t.average_last, val, ema=t.ema_decay > 0)
         metrics = {k: round(float(v), 3) for k, v in trainer.callback_metrics.items()}
         print(f"trained {trainer.global_step} steps in {minutes:.1f} min; last metrics: {metrics}")
         print(f"waiting for data: {data_wait.share:.1%} of the training steps' time")
         print(f"inference model ({source}) written to {run_dir}")
+        if t.choose_alpha:
+            best, _ = choose_alpha(run_dir, DECODING.choose_alphas, cfg.data.valid_split)
+            print(f"length penalty {best:g}: the highest BLEU on {cfg.data.valid_split} (beam {DECODING.beam})")
     return run_dir
