@@ -121,6 +121,14 @@ def test_training_cools_down_by_the_clock(toy_data, tmp_path):
     assert last_rate < 0.25 * peak * plain(last)  # the last update's rate, in the last seconds
 
 
+def test_a_cooldown_by_the_clock_is_refused_for_several_processes(toy_data, tmp_path, capsys):
+    """Each process's clock would set its own rate, and the replicas would drift apart."""
+    several = ("trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp")
+    timed = ("train.max_steps=-1", "train.max_minutes=1", "train.cooldown_minutes=0.5")
+    assert main(train_args(toy_data, tmp_path / "r", *several, *timed)) == 1
+    assert "train.cooldown_minutes: needs a single-process run" in capsys.readouterr().err
+
+
 def test_moving_average_of_the_weights():
     """ema = d * ema + (1 - d) * weights after each optimizer update, d warming up to the decay;
     an update-less step (accumulating gradients) changes nothing; a checkpoint carries it."""

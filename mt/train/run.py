@@ -389,6 +389,8 @@ def _train(cfg: Config, dm: TranslationDataModule, run_dir: Path) -> Path:
     except (MisconfigurationException, ValueError, TypeError) as e:  # e.g. a GPU asked for where there is none
         chosen = " ".join(f"trainer.{k}={v}" for k, v in dataclasses.asdict(cfg.trainer).items())
         raise ConfigError(f"{chosen}: cannot run here: {e}") from None
+    if t.cooldown_minutes and trainer.world_size > 1:  # each process's clock would set its own rate
+        raise ConfigError("train.cooldown_minutes: needs a single-process run (use train.cooldown_steps with several)")
     start = time.perf_counter()
     try:
         trainer.fit(module, datamodule=dm, ckpt_path=resume)
