@@ -112,7 +112,7 @@ def _run_choose_alpha(args) -> None:
 
     if not 1 <= args.beam <= DECODING.max_beam:
         raise MTError(f"--beam must be between 1 and {DECODING.max_beam}, got {args.beam}")
-    best, _ = choose_alpha(Path(args.model), args.alphas, args.split, args.beam)
+    best = choose_alpha(Path(args.model), args.alphas, args.split, args.beam)
     print(f"length penalty {best:g} written to {Path(args.model) / 'model.json'}: the run's default from now on")
 
 

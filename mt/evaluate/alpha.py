@@ -27,11 +27,9 @@ from mt.evaluate.scoring import split_texts
 from mt.textio import publish
 
 
-def choose_alpha(
-    run_dir: Path, alphas: Sequence[float], split: str = "val", beam: int = DECODING.beam, verbose: bool = True
-) -> tuple[float, dict[float, float]]:
+def choose_alpha(run_dir: Path, alphas: Sequence[float], split: str = "val", beam: int = DECODING.beam) -> float:
     """The alpha of ``alphas`` whose beam search scores the highest BLEU on ``split``
-    (ties: the smallest), and every alpha's BLEU; written into ``run_dir``'s model.json."""
+    (ties: the smallest), written into ``run_dir``'s model.json with every alpha's BLEU."""
     if not alphas:
         raise MTError("no length penalties to choose from")
     for alpha in alphas:
@@ -47,12 +45,11 @@ def choose_alpha(
         translator.alpha = alpha
         hyps = [n_best[0][0] for n_best in translator.stream(sources, chunk=len(sources))]
         scores[alpha] = round(bleu(hyps, refs, lowercase=translator.tok.lowercase).score, 2)
-        if verbose:
-            print(f"alpha {alpha:g}: BLEU {scores[alpha]:.2f} on {split} (beam {beam})")
+        print(f"alpha {alpha:g}: BLEU {scores[alpha]:.2f} on {split} (beam {beam})")
     best = max(scores, key=lambda a: (scores[a], -a))
     tried = {f"{a:g}": score for a, score in scores.items()}
     meta["decoding"] = {"alpha": best, "chosen_on": split, "beam": beam, "bleu": tried}
     tmp = run_dir / (MODEL_JSON + ".tmp")
     tmp.write_text(json.dumps(meta, indent=2))
     publish(tmp, run_dir / MODEL_JSON)
-    return best, scores
+    return best

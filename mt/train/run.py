@@ -416,6 +416,6 @@ def _train(cfg: Config, dm: TranslationDataModule, run_dir: Path) -> Path:
         print(f"waiting for data: {data_wait.share:.1%} of the training steps' time")
         print(f"inference model ({source}) written to {run_dir}")
         if t.choose_alpha:
-            best, _ = choose_alpha(run_dir, DECODING.choose_alphas, cfg.data.valid_split)
+            best = choose_alpha(run_dir, DECODING.choose_alphas, cfg.data.valid_split)
             print(f"length penalty {best:g}: the highest BLEU on {cfg.data.valid_split} (beam {DECODING.beam})")
     return run_dir
